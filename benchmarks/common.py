@@ -1,0 +1,79 @@
+"""Shared pieces of the benchmark scripts: machine description, fsync rate,
+medians and table printing.
+
+Benchmarks are never part of the test run; each script prints a table with the
+machine it ran on and the command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+
+def fsync_rate(directory: str | None = None, appends: int = 500) -> dict[str, float]:
+    """Append a 4 KiB block and fdatasync it, `appends` times: median latency (us)
+    and syncs per second (1 / mean), the disk figure every durable number depends on."""
+    directory = directory or tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(dir=directory, prefix="fsync-probe-")
+    block = os.urandom(4096)
+    times = []
+    try:
+        for _ in range(appends):
+            os.write(fd, block)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.remove(path)
+    return {
+        "median_us": statistics.median(times) * 1e6,
+        "p99_us": sorted(times)[int(len(times) * 0.99) - 1] * 1e6,
+        "syncs_per_s": len(times) / sum(times),
+    }
+
+
+def machine_line() -> str:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return (
+        f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()} ({sys.implementation.name}), "
+        f"load avg {load[0]:.2f}"
+    )
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for n, row in enumerate(cells):
+        print("  ".join(c.rjust(w) if n else c.ljust(w) for c, w in zip(row, widths)))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        if value >= 100:
+            return f"{value:,.0f}"
+        return f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,170 @@
+"""The event envelope: the msgpack body of a command record (record kind 1).
+
+Owns: the envelope layout `[envelope_version, time_ms, command_kind, events]`, the
+command kinds, `encode_envelope` and `decode_envelope` (FORMAT.md "Envelope").
+
+Promises: `decode_envelope` accepts exactly one msgpack array of that shape --
+version 1, a non-negative int time, a known command kind, an array of event arrays
+each holding at least a type id and a version -- with no trailing bytes, and raises
+`FormatError` for anything else, including every exception msgpack can raise on bad
+input. It does *not* check each event's fields against the catalogue: that costs
+microseconds per event and belongs to `sepp-log verify` (`catalogue.validate_event`);
+replay gets its per-event check from `sepp.core.events.from_fields`. Bytes stay
+`bytes`, strings stay `str` (msgpack bin and str types are kept apart).
+
+`encode_envelope` checks its own arguments (a writer checks what it writes) so that
+nothing it produces can later fail `decode_envelope`'s shape check.
+
+Must not import: anything but the standard library, `msgpack` and `log_format`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import msgpack
+
+from log_format._bytes import BytesLike
+from log_format.errors import FormatError
+
+__all__ = [
+    "COMMAND_ACK",
+    "COMMAND_DEAD_LETTER_JOBS",
+    "COMMAND_DRAIN_DEAD_LETTERS",
+    "COMMAND_ENQUEUE",
+    "COMMAND_ENQUEUE_ATOMIC",
+    "COMMAND_EXTEND",
+    "COMMAND_KINDS",
+    "COMMAND_KIND_NAMES",
+    "COMMAND_NACK",
+    "COMMAND_REQUEUE_DEAD_LETTERS",
+    "COMMAND_RESERVE",
+    "COMMAND_SWEEP",
+    "ENVELOPE_VERSION",
+    "Envelope",
+    "decode_envelope",
+    "encode_envelope",
+]
+
+ENVELOPE_VERSION = 1
+
+COMMAND_ENQUEUE = 1  # best-effort batch: each job stands alone
+COMMAND_ENQUEUE_ATOMIC = 2  # all jobs of the batch or none
+COMMAND_RESERVE = 3
+COMMAND_ACK = 4
+COMMAND_NACK = 5
+COMMAND_EXTEND = 6
+COMMAND_DRAIN_DEAD_LETTERS = 7
+COMMAND_SWEEP = 8  # the timer-driven tick: expiries and promotions
+COMMAND_DEAD_LETTER_JOBS = 9  # admin
+COMMAND_REQUEUE_DEAD_LETTERS = 10  # admin
+
+COMMAND_KIND_NAMES = {
+    COMMAND_ENQUEUE: "enqueue",
+    COMMAND_ENQUEUE_ATOMIC: "enqueue_atomic",
+    COMMAND_RESERVE: "reserve",
+    COMMAND_ACK: "ack",
+    COMMAND_NACK: "nack",
+    COMMAND_EXTEND: "extend",
+    COMMAND_DRAIN_DEAD_LETTERS: "drain_dead_letters",
+    COMMAND_SWEEP: "sweep",
+    COMMAND_DEAD_LETTER_JOBS: "dead_letter_jobs",
+    COMMAND_REQUEUE_DEAD_LETTERS: "requeue_dead_letters",
+}
+COMMAND_KINDS = frozenset(COMMAND_KIND_NAMES)
+
+
+class Envelope(NamedTuple):
+    """A decoded command record body. `events` are the stored event lists,
+    `[type_id, version, field...]`, unvalidated beyond their shape.
+
+    A NamedTuple because one is built per record on the replay path."""
+
+    time_ms: int
+    command_kind: int
+    events: list[list[Any]]
+
+
+# Everything msgpack can raise on bad input: its own exceptions (ExtraData,
+# FormatError, StackError, OutOfData, BufferFull all derive from UnpackException or
+# ValueError), ValueError for limits and bad timestamps, UnicodeDecodeError (a
+# ValueError) for bad UTF-8, TypeError for an unhashable map key, OverflowError, and
+# RecursionError from the pure-Python fallback msgpack uses without its C extension.
+_MSGPACK_ERRORS = (
+    msgpack.UnpackException,
+    ValueError,
+    TypeError,
+    OverflowError,
+    RecursionError,
+)
+
+_tuple_new = tuple.__new__
+_unpackb = msgpack.unpackb
+_local = threading.local()
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    # The envelope uses no msgpack extension types; rejecting them here keeps
+    # ExtType objects out of events. (Timestamps, ext -1, msgpack decodes itself;
+    # `validate_event` rejects them as a wrong field type.)
+    raise FormatError(f"msgpack extension type {code} in envelope")
+
+
+def _packer() -> Callable[[Any], bytes]:
+    # A Packer is ~40% faster than packb (which builds one per call) but is not
+    # safe to share between threads, so each thread gets its own.
+    try:
+        pack: Callable[[Any], bytes] = _local.pack
+    except AttributeError:
+        pack = _local.pack = msgpack.Packer(use_bin_type=True).pack
+    return pack
+
+
+def encode_envelope(time_ms: int, command_kind: int, events: list[list[Any]]) -> bytes:
+    """The body of one command record: all events of one command, in order.
+
+    Raises ValueError for a bad time or command kind or an event that is not a list
+    of at least [type_id, version]; msgpack's TypeError / OverflowError for values it
+    cannot encode. Field values are not checked against the catalogue here."""
+    if type(time_ms) is not int or time_ms < 0:
+        raise ValueError(f"time_ms must be a non-negative int, got {time_ms!r:.40}")
+    if type(command_kind) is not int or command_kind not in COMMAND_KINDS:
+        raise ValueError(f"unknown command kind {command_kind!r:.40}")
+    if type(events) is not list:
+        raise ValueError("events must be a list of event lists")
+    for event in events:
+        if type(event) is not list or len(event) < 2:
+            raise ValueError(f"an event must be a list [type_id, version, ...]: {event!r:.80}")
+    return _packer()([ENVELOPE_VERSION, time_ms, command_kind, events])
+
+
+def decode_envelope(body: BytesLike) -> Envelope:
+    """Decode a command record body strictly; FormatError on anything else."""
+    try:
+        obj = _unpackb(body, raw=False, strict_map_key=False, ext_hook=_reject_ext)
+    except FormatError:
+        raise
+    except msgpack.ExtraData as exc:
+        raise FormatError("trailing bytes after envelope") from exc
+    except _MSGPACK_ERRORS as exc:
+        raise FormatError("envelope is not valid msgpack") from exc
+    if type(obj) is not list or len(obj) != 4:
+        raise FormatError("envelope is not an array of 4 elements")
+    version, time_ms, command_kind, events = obj
+    # `type(x) is int` and not isinstance: msgpack's true/false decode to bool, a
+    # subclass of int, and must not pass for a number.
+    if type(version) is not int or version != ENVELOPE_VERSION:
+        raise FormatError(f"unsupported envelope version {version!r:.40}")
+    if type(time_ms) is not int or time_ms < 0:
+        raise FormatError(f"bad envelope time_ms {time_ms!r:.40}")
+    if type(command_kind) is not int or command_kind not in COMMAND_KINDS:
+        raise FormatError(f"unknown command kind {command_kind!r:.40}")
+    if type(events) is not list:
+        raise FormatError("envelope events is not an array")
+    for event in events:
+        if type(event) is not list or len(event) < 2:
+            raise FormatError("event is not an array of at least 2 elements")
+    envelope: Envelope = _tuple_new(Envelope, (time_ms, command_kind, events))
+    return envelope

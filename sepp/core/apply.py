@@ -1,0 +1,322 @@
+"""`apply`: change the state by one event. Never validates, never refuses.
+
+Owns: the per-event mutation functions and `apply_record`, the entry point used by
+the live path and by replay alike (one record = the events of one command, stamped
+with the time the command was decided).
+
+Promises: an event that cannot be applied (an unknown job, a job in the wrong
+status) is a bug in `decide` or a corrupt log that slipped past the checksums; it
+raises `ApplyError` instead of guessing. Applying the same events to equal states
+gives equal states.
+
+Must not import: anything outside the standard library and `sepp.core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from heapq import heappop, heappush
+from typing import Any
+
+from sepp.core.events import (
+    DeadLetterDrained,
+    DeadLetterExpired,
+    DeadLetterRequeued,
+    DedupExpired,
+    Event,
+    JobAcked,
+    JobDeadLettered,
+    JobEnqueued,
+    JobLeaseExpired,
+    JobLeaseExtended,
+    JobNacked,
+    JobPromoted,
+    JobReserved,
+)
+from sepp.core.state import (
+    DEAD,
+    DELETED,
+    IN_FLIGHT,
+    READY,
+    SCHEDULED,
+    DeadLetter,
+    Job,
+    State,
+    push_ready,
+)
+
+
+class ApplyError(RuntimeError):
+    """An event contradicts the state it is applied to: a bug or a corrupt log."""
+
+
+def _live(state: State, job_id: str, status: int, event: Any) -> Job:
+    job = state.jobs.get(job_id)
+    if job is None or job.status != status:
+        raise ApplyError(f"{type(event).__name__} for {job_id}: job is {job!r}")
+    return job
+
+
+def _in_flight(state: State, event: Any) -> Job:
+    job = _live(state, event.job_id, IN_FLIGHT, event)
+    if job.attempt != event.attempt:
+        raise ApplyError(f"{type(event).__name__} attempt {event.attempt} but job is {job!r}")
+    return job
+
+
+def _leave_flight(state: State, job: Job) -> None:
+    """Bookkeeping when an in-flight job stops being in flight."""
+    state.queues[job.queue].in_flight_count -= 1
+    job.worker_id = None
+    leases = state.leases
+    if leases and leases[0][2] is job:
+        job.status = DELETED  # temporarily invalid so the prune pops it
+        state.prune_leases()
+
+
+def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
+    # The hottest apply (every job starts here, on the live path and in replay):
+    # locals and inlined helpers instead of method calls.
+    (
+        job_id,
+        queue,
+        job_type,
+        payload_data,
+        encoding,
+        priority,
+        max_attempts,
+        enqueued_at,
+        scheduled_at,
+        run_at,
+        key,
+        dedup_expires_at,
+        traceparent,
+        tracestate,
+        custom,
+    ) = ev
+    jobs = state.jobs
+    if job_id in jobs:
+        raise ApplyError(f"JobEnqueued for existing job {job_id}")
+    strings = state._strings
+    queue = strings.get(queue) or strings.setdefault(queue, queue)
+    job_type = strings.get(job_type) or strings.setdefault(job_type, job_type)
+    if encoding is not None:
+        encoding = strings.get(encoding) or strings.setdefault(encoding, encoding)
+    q = state.queues.get(queue) or state.queue(queue)
+    job = Job(
+        job_id,
+        queue,
+        job_type,
+        payload_data,
+        encoding,
+        priority,
+        max_attempts,
+        enqueued_at,
+        scheduled_at,
+        key,
+        traceparent,
+        tracestate,
+        custom,
+        1,
+        READY if run_at is None else SCHEDULED,
+        0 if run_at is None else run_at,
+        None,
+        None,
+    )
+    jobs[job_id] = job
+    if run_at is None:
+        entry = (enqueued_at, job_id, job)
+        job.entry = entry
+        heappush(q.ready[priority], entry)
+        q.ready_count += 1
+    else:
+        heappush(state.scheduled, (run_at, job_id, job))
+        q.scheduled_count += 1
+    if dedup_expires_at is not None and key is not None:
+        dedup = state.dedup
+        replaced = dedup.get((queue, key))
+        dedup[(queue, key)] = (job_id, dedup_expires_at)
+        heappush(state.dedup_expiry, (dedup_expires_at, queue, key))
+        if replaced is not None:
+            # A lapsed key re-used before the sweep expired it: the old record's
+            # expiry entry is now stale and may be the heap's top (the invariant
+            # "the top of every heap is valid" would break, and next_deadline()
+            # would report the stale time).
+            state.prune_dedup()
+
+
+def _apply_reserved(state: State, ev: JobReserved) -> None:
+    job = _live(state, ev.job_id, READY, ev)
+    if job.attempt != ev.attempt:
+        raise ApplyError(f"JobReserved attempt {ev.attempt} but job is {job!r}")
+    q = state.queues[job.queue]
+    heap = q.ready[job.priority]
+    entry = job.entry
+    job.entry = None
+    if heap and heap[0] is entry:
+        heappop(heap)
+        state.prune_ready(heap)
+    q.ready_count -= 1
+    q.in_flight_count += 1
+    job.status = IN_FLIGHT
+    job.due_ms = ev.lease_expires_at
+    job.worker_id = ev.worker_id
+    heappush(state.leases, (ev.lease_expires_at, ev.job_id, job))
+
+
+def _apply_acked(state: State, ev: JobAcked) -> None:
+    job = _in_flight(state, ev)
+    del state.jobs[ev.job_id]
+    _leave_flight(state, job)
+    job.status = DELETED
+
+
+def _apply_nacked(state: State, ev: JobNacked) -> None:
+    job = _in_flight(state, ev)
+    _leave_flight(state, job)
+    job.attempt += 1
+    job.last_reason = ev.reason
+    _requeue(state, job, ev.run_at)
+
+
+def _requeue(state: State, job: Job, run_at: int | None) -> None:
+    q = state.queues[job.queue]
+    if run_at is None:
+        job.status = READY
+        job.due_ms = 0
+        push_ready(q, job)
+        q.ready_count += 1
+    else:
+        job.status = SCHEDULED
+        job.due_ms = run_at
+        heappush(state.scheduled, (run_at, job.job_id, job))
+        q.scheduled_count += 1
+
+
+def _apply_lease_extended(state: State, ev: JobLeaseExtended) -> None:
+    job = _in_flight(state, ev)
+    if job.due_ms == ev.lease_expires_at:
+        return
+    job.due_ms = ev.lease_expires_at
+    heappush(state.leases, (ev.lease_expires_at, ev.job_id, job))
+    state.prune_leases()
+
+
+def _apply_lease_expired(state: State, ev: JobLeaseExpired) -> None:
+    job = _in_flight(state, ev)
+    _leave_flight(state, job)
+    job.attempt += 1
+    _requeue(state, job, None)
+
+
+def _apply_promoted(state: State, ev: JobPromoted) -> None:
+    job = _live(state, ev.job_id, SCHEDULED, ev)
+    q = state.queues[job.queue]
+    q.scheduled_count -= 1
+    job.status = READY
+    job.due_ms = 0
+    push_ready(q, job)
+    q.ready_count += 1
+    state.prune_scheduled()
+
+
+def _apply_dead_lettered(state: State, ev: JobDeadLettered) -> None:
+    job = state.jobs.get(ev.job_id)
+    if job is None or job.status == DEAD or job.attempt != ev.attempt:
+        raise ApplyError(f"JobDeadLettered for {ev.job_id} attempt {ev.attempt}: job is {job!r}")
+    q = state.queues[job.queue]
+    status = job.status
+    if status == IN_FLIGHT:
+        _leave_flight(state, job)
+    elif status == READY:
+        q.ready_count -= 1
+        heap = q.ready[job.priority]
+        job.entry = None
+        state.prune_ready(heap)
+    elif status == SCHEDULED:
+        q.scheduled_count -= 1
+        job.status = DEAD
+        state.prune_scheduled()
+    del state.jobs[ev.job_id]
+    job.due_ms = 0
+    job.worker_id = None
+    if ev.retained:
+        job.status = DEAD
+        record = DeadLetter(job, ev.cause, ev.failed_at, ev.attempt, ev.reason)
+        state.dead[ev.job_id] = record
+        q.dead[ev.job_id] = record
+    else:
+        job.status = DELETED
+
+
+def _remove_dead(state: State, job_id: str, event: Any) -> None:
+    record = state.dead.pop(job_id, None)
+    if record is None:
+        raise ApplyError(f"{type(event).__name__} for {job_id}: no such dead letter")
+    del state.queues[record.job.queue].dead[job_id]
+    record.job.status = DELETED
+
+
+def _apply_dead_letter_drained(state: State, ev: DeadLetterDrained) -> None:
+    _remove_dead(state, ev.job_id, ev)
+
+
+def _apply_dead_letter_expired(state: State, ev: DeadLetterExpired) -> None:
+    _remove_dead(state, ev.job_id, ev)
+
+
+def _apply_dedup_expired(state: State, ev: DedupExpired) -> None:
+    key = (ev.queue, ev.idempotency_key)
+    record = state.dedup.get(key)
+    if record is None or record[1] != ev.expires_at:
+        raise ApplyError(f"DedupExpired for {key} at {ev.expires_at}: record is {record!r}")
+    del state.dedup[key]
+    state.prune_dedup()
+
+
+def _apply_dead_letter_requeued(state: State, ev: DeadLetterRequeued) -> None:
+    record = state.dead.pop(ev.job_id, None)
+    if record is None:
+        raise ApplyError(f"DeadLetterRequeued for {ev.job_id}: no such dead letter")
+    job = record.job
+    q = state.queues[job.queue]
+    del q.dead[ev.job_id]
+    job.attempt = 1
+    job.enqueued_at = ev.enqueued_at
+    job.scheduled_at = None
+    job.last_reason = None
+    state.jobs[ev.job_id] = job
+    _requeue(state, job, None)
+
+
+_APPLY: list[Callable[[State, Any], None] | None] = [None] * 13
+_APPLY[JobEnqueued.TYPE] = _apply_enqueued
+_APPLY[JobReserved.TYPE] = _apply_reserved
+_APPLY[JobAcked.TYPE] = _apply_acked
+_APPLY[JobNacked.TYPE] = _apply_nacked
+_APPLY[JobLeaseExtended.TYPE] = _apply_lease_extended
+_APPLY[JobLeaseExpired.TYPE] = _apply_lease_expired
+_APPLY[JobPromoted.TYPE] = _apply_promoted
+_APPLY[JobDeadLettered.TYPE] = _apply_dead_lettered
+_APPLY[DeadLetterDrained.TYPE] = _apply_dead_letter_drained
+_APPLY[DeadLetterExpired.TYPE] = _apply_dead_letter_expired
+_APPLY[DedupExpired.TYPE] = _apply_dedup_expired
+_APPLY[DeadLetterRequeued.TYPE] = _apply_dead_letter_requeued
+APPLY_TABLE: tuple[Callable[[State, Any], None] | None, ...] = tuple(_APPLY)
+
+
+def apply(state: State, event: Event) -> None:
+    """Apply one event."""
+    fn = APPLY_TABLE[event.TYPE]
+    if fn is None:  # pragma: no cover - every catalogue event has a function
+        raise ApplyError(f"no apply function for {type(event).__name__}")
+    fn(state, event)
+
+
+def apply_record(state: State, time_ms: int, events: Sequence[Event] | Iterable[Event]) -> None:
+    """Apply the events of one command decided at `time_ms`, in order."""
+    if time_ms > state.clock_ms:
+        state.clock_ms = time_ms
+    table = APPLY_TABLE
+    for event in events:
+        table[event.TYPE](state, event)  # type: ignore[misc]

@@ -1,0 +1,195 @@
+"""Commands: what a caller asks the state machine to do (imperative names).
+
+Owns: the command classes handed to `decide`, their `KIND` numbers (stored in each
+log record's envelope so tools can say which command produced a record), and the
+retry directive of a nack.
+
+Promises: commands carry every input that is not state or time — job ids are chosen
+at the edge (UUID strings), so `decide` needs no random source.
+
+Must not import: anything outside the standard library and `sepp.core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+# Custom-map values: the reference's primitives (string, double, 64-bit int, bool).
+Primitive = str | int | float | bool
+
+RETRY_DEFAULT = "default"
+RETRY_DELAY = "delay"
+RETRY_DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    """One job as a producer submits it, with its id already assigned."""
+
+    job_id: str
+    queue: str
+    job_type: str
+    payload_data: bytes | None = None
+    payload_encoding: str | None = None
+    idempotency_key: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    scheduled_at: int | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+    custom: Mapping[str, Primitive] | None = None
+    # Set by the edge when the job arrived malformed (a field of the wrong type):
+    # decide rejects it with InvalidRequest(invalid), in its place in the batch.
+    invalid: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Enqueue:
+    """Store a batch of jobs. Best effort: each job succeeds or is rejected on its
+    own. Atomic: all jobs are stored or none is."""
+
+    jobs: tuple[NewJob, ...]
+    atomic: bool = False
+
+    @property
+    def kind(self) -> int:
+        return 2 if self.atomic else 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reserve:
+    """Lease up to `max_jobs` Ready jobs from `queues`, tried in the order given."""
+
+    queues: tuple[str, ...]
+    lease_ms: int
+    max_jobs: int = 1
+    worker_id: str | None = None
+    KIND: ClassVar[int] = 3
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    job_id: str
+    attempt: int
+    worker_id: str | None = None
+    KIND: ClassVar[int] = 4
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Nack:
+    """Report a failed attempt. `retry` is RETRY_DEFAULT (the queue's retry policy),
+    RETRY_DELAY (retry after `delay_ms`) or RETRY_DEAD_LETTER (give up now)."""
+
+    job_id: str
+    attempt: int
+    retry: str = RETRY_DEFAULT
+    delay_ms: int | None = None
+    reason: str | None = None
+    worker_id: str | None = None
+    KIND: ClassVar[int] = 5
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Extend:
+    """Move the lease deadline to now + `lease_ms` (clamped)."""
+
+    job_id: str
+    attempt: int
+    lease_ms: int
+    worker_id: str | None = None
+    KIND: ClassVar[int] = 6
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainDeadLetters:
+    """Return and delete up to `max_records` dead letters, oldest first."""
+
+    queue: str | None = None
+    max_records: int = 1
+    KIND: ClassVar[int] = 7
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sweep:
+    """Do everything that has fallen due: promote scheduled jobs, expire leases,
+    dedup records and dead letters. The server submits it on a timer; it is logged
+    like any other command, so replay never needs a clock."""
+
+    KIND: ClassVar[int] = 8
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetterJobs:
+    """Operator action: dead-letter live Ready or Scheduled jobs (cause `admin`)."""
+
+    job_ids: tuple[str, ...]
+    reason: str | None = None
+    KIND: ClassVar[int] = 9
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequeueDeadLetters:
+    """Operator action: put dead letters back as Ready jobs (same id, attempt 1)."""
+
+    job_ids: tuple[str, ...]
+    KIND: ClassVar[int] = 10
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
+Command = (
+    Enqueue
+    | Reserve
+    | Ack
+    | Nack
+    | Extend
+    | DrainDeadLetters
+    | Sweep
+    | DeadLetterJobs
+    | RequeueDeadLetters
+)
+
+COMMAND_KIND_NAMES = {
+    1: "enqueue",
+    2: "enqueue_atomic",
+    3: "reserve",
+    4: "ack",
+    5: "nack",
+    6: "extend",
+    7: "drain_dead_letters",
+    8: "sweep",
+    9: "dead_letter_jobs",
+    10: "requeue_dead_letters",
+}

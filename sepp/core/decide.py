@@ -1,0 +1,797 @@
+"""`decide`: turn a command into events, or refuse it. Never mutates the state.
+
+Owns: every business rule of sepp-semantics.md — validation and limits, priority,
+attempts, scheduling, dedup, reserve order and lease clamping, fencing, the retry
+policy with deterministic jitter, dead-lettering and the sweep.
+
+Promises: `decide(state, command, now_ms)` returns a `Decision` (events to log and
+apply, plus the reply) or a `CommandError` (nothing to log). It reads the clock only
+through `now_ms`, clamped so it never goes backwards; everything it decides (times,
+attempts, delays, dedup deadlines) is written into the events, so `apply` and replay
+need nothing else.
+
+Must not import: anything outside the standard library and `sepp.core`.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Iterator, Mapping
+from heapq import heappop, heappush
+from typing import Any, NamedTuple
+
+from sepp.core.commands import (
+    RETRY_DEAD_LETTER,
+    RETRY_DEFAULT,
+    RETRY_DELAY,
+    Ack,
+    Command,
+    DeadLetterJobs,
+    DrainDeadLetters,
+    Enqueue,
+    Extend,
+    Nack,
+    NewJob,
+    RequeueDeadLetters,
+    Reserve,
+    Sweep,
+)
+from sepp.core.config import RETRY_BACKOFF_EXPONENTIAL, QueuePolicy
+from sepp.core.events import (
+    CAUSE_ADMIN,
+    CAUSE_ATTEMPTS_EXHAUSTED,
+    CAUSE_LEASE_EXPIRED,
+    CAUSE_REJECTED,
+    DeadLetterDrained,
+    DeadLetterExpired,
+    DeadLetterRequeued,
+    DedupExpired,
+    Event,
+    JobAcked,
+    JobDeadLettered,
+    JobEnqueued,
+    JobLeaseExpired,
+    JobLeaseExtended,
+    JobNacked,
+    JobPromoted,
+    JobReserved,
+)
+from sepp.core.results import (
+    Accepted,
+    AckResult,
+    AdminResult,
+    AtomicRejected,
+    AttemptMismatch,
+    CommandError,
+    CustomEntriesTooMany,
+    CustomKeyTooLong,
+    CustomMapTooLarge,
+    DrainResult,
+    EncodingNotAllowed,
+    EnqueueResult,
+    ExtendResult,
+    FailedPrecondition,
+    IdempotencyKeyTooLong,
+    InvalidArgument,
+    InvalidRequest,
+    JobTypeNameTooLong,
+    JobTypeNotAllowed,
+    JobView,
+    NackResult,
+    NotFound,
+    PayloadTooLarge,
+    QueueFull,
+    QueueNameTooLong,
+    Rejection,
+    Reply,
+    ReserveResult,
+    ScheduledTooFar,
+    SweepResult,
+    UnknownQueue,
+)
+from sepp.core.state import (
+    IN_FLIGHT,
+    PRIORITY_LEVELS,
+    READY,
+    SCHEDULED,
+    Job,
+    State,
+)
+
+_new_tuple = tuple.__new__
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class Decision(NamedTuple):
+    """What a command does: the events to log and apply (possibly none), the time
+    they were decided at, the reply, and the queues that gained Ready jobs (so the
+    server can wake parked reserves once the record is durable)."""
+
+    events: tuple[Event, ...]
+    time_ms: int
+    reply: Reply
+    woken: frozenset[str]
+
+
+NOTHING_WOKEN: frozenset[str] = frozenset()
+
+
+def decide(state: State, command: Command, now_ms: int) -> Decision | CommandError:
+    """Decide `command` against `state` at `now_ms` (clamped to never go back)."""
+    now = now_ms if now_ms > state.clock_ms else state.clock_ms
+    handler = _HANDLERS.get(type(command))
+    if handler is None:
+        return InvalidArgument(f"unknown command {type(command).__name__}")
+    result: Decision | CommandError = handler(state, command, now)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Shared validation helpers
+
+
+def canonical_job_id(job_id: object) -> str | None:
+    """The canonical lowercase form of a UUID string, or None if it is not one."""
+    if not isinstance(job_id, str) or len(job_id) != 36:
+        return None
+    lowered = job_id.lower()
+    return lowered if _UUID_RE.match(lowered) else None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _utf8_len(value: str) -> int:
+    # isascii() is O(1) in CPython (a flag on the string): skip the encode for the
+    # usual ASCII names.
+    return len(value) if value.isascii() else len(value.encode())
+
+
+def _queue_name_error(name: object) -> str | None:
+    """Structural problem of a queue name, ignoring its length (too long is a
+    rejection of its own, QueueNameTooLong)."""
+    if not isinstance(name, str) or not name:
+        return "queue name must be a non-empty string"
+    if name == "." or name == "..":
+        return "queue name must not be '.' or '..'"
+    if "/" in name:
+        return "queue name must not contain '/'"
+    if not name.isprintable() and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        return "queue name must not contain control characters"
+    return None
+
+
+def _optional_worker_id(worker_id: object) -> str | None:
+    if worker_id is None:
+        return None
+    if not isinstance(worker_id, str) or not worker_id:
+        return "worker_id must be a non-empty string when given"
+    return None
+
+
+def _fence(state: State, job_id: object, attempt: object) -> Job | CommandError:
+    """The in-flight job a worker may act on, or the fencing error."""
+    if not _is_int(attempt) or attempt < 1:  # type: ignore[operator]
+        return InvalidArgument("attempt must be an integer >= 1")
+    jid = canonical_job_id(job_id)
+    if jid is None:
+        return InvalidArgument(f"job_id {job_id!r:.60} is not a canonical UUID")
+    job = state.jobs.get(jid)
+    if job is None or job.status != IN_FLIGHT:
+        return NotFound(f"no in-flight job {jid}")
+    if job.attempt != attempt:
+        return AttemptMismatch(
+            f"job {jid} is in flight under attempt {job.attempt}, not {attempt}: "
+            "the lease was reassigned",
+            job.attempt,
+        )
+    return job
+
+
+# ---------------------------------------------------------------------------
+# Enqueue
+
+
+def _custom_rejection(custom: object, policy: QueuePolicy) -> Rejection | None:
+    if custom is None:
+        return None
+    if not isinstance(custom, Mapping):
+        return InvalidRequest("custom must be a map of string keys to primitive values")
+    if len(custom) > policy.max_custom_entries:
+        return CustomEntriesTooMany(policy.max_custom_entries, len(custom))
+    total = 0
+    for key, value in custom.items():
+        if not isinstance(key, str) or not key:
+            return InvalidRequest("custom keys must be non-empty strings")
+        key_bytes = len(key.encode())
+        if key_bytes > policy.max_custom_key_bytes:
+            return CustomKeyTooLong(key, policy.max_custom_key_bytes, key_bytes)
+        if isinstance(value, bool):
+            size = 1
+        elif isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                return InvalidRequest(f"custom value of {key!r} does not fit in 64 bits")
+            size = 8
+        elif isinstance(value, float):
+            size = 8
+        elif isinstance(value, str):
+            size = len(value.encode())
+        else:
+            return InvalidRequest(
+                f"custom value of {key!r} must be a string, integer, float or bool"
+            )
+        total += key_bytes + size
+    if total > policy.max_custom_total_bytes:
+        return CustomMapTooLarge(policy.max_custom_total_bytes, total)
+    return None
+
+
+def validate_new_job(state: State, job: NewJob, now: int) -> Rejection | None:
+    """Per-job checks that do not depend on other jobs: structure, strict mode,
+    sizes and allow-lists, schedule horizon (sepp-semantics.md §12, §13)."""
+    if job.invalid is not None:
+        return InvalidRequest(job.invalid)
+    config = state.config
+    limits = config.limits
+    queue = job.queue
+    problem = _queue_name_error(queue)
+    if problem is not None:
+        return InvalidRequest(problem)
+    queue_bytes = _utf8_len(queue)
+    if queue_bytes > limits.max_queue_name_bytes:
+        return QueueNameTooLong(limits.max_queue_name_bytes, queue_bytes)
+    job_type = job.job_type
+    if not isinstance(job_type, str) or not job_type:
+        return InvalidRequest("job_type must be a non-empty string")
+    type_bytes = _utf8_len(job_type)
+    if type_bytes > limits.max_job_type_bytes:
+        return JobTypeNameTooLong(limits.max_job_type_bytes, type_bytes)
+    data = job.payload_data
+    encoding = job.payload_encoding
+    if data is not None or encoding is not None:
+        if not isinstance(data, bytes) or not data:
+            return InvalidRequest("payload data must be non-empty bytes")
+        if not isinstance(encoding, str) or not encoding:
+            return InvalidRequest("payload encoding must be a non-empty string")
+    key = job.idempotency_key
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            return InvalidRequest("idempotency_key must be a non-empty string when given")
+        key_bytes = _utf8_len(key)
+        if key_bytes > limits.max_idempotency_key_bytes:
+            return IdempotencyKeyTooLong(limits.max_idempotency_key_bytes, key_bytes)
+    if job.priority is not None and (not _is_int(job.priority) or not 0 <= job.priority <= 9):
+        return InvalidRequest(f"priority must be 0-9, got {job.priority!r}")
+    if job.max_attempts is not None and (not _is_int(job.max_attempts) or job.max_attempts < 1):
+        return InvalidRequest(f"max_attempts must be >= 1, got {job.max_attempts!r}")
+    if job.traceparent is not None or job.tracestate is not None:
+        if not isinstance(job.traceparent, str) or not job.traceparent:
+            return InvalidRequest("trace context needs a non-empty traceparent")
+        if job.tracestate is not None and not isinstance(job.tracestate, str):
+            return InvalidRequest("tracestate must be a string")
+    if job.scheduled_at is not None and not _is_int(job.scheduled_at):
+        return InvalidRequest("scheduled_at must be an integer time in ms")
+    declared = queue in config.queues
+    if config.strict_queues and not declared:
+        return UnknownQueue(queue)
+    policy = config.queues[queue] if declared else config.defaults
+    if data is not None and len(data) > policy.max_payload_bytes:
+        return PayloadTooLarge(policy.max_payload_bytes, len(data))
+    allowed = policy.allowed_encodings
+    if allowed is not None and encoding is not None and encoding not in allowed:
+        return EncodingNotAllowed(encoding, allowed)
+    allowed_types = policy.allowed_job_types
+    if allowed_types is not None and job_type not in allowed_types:
+        return JobTypeNotAllowed(job_type, allowed_types)
+    if job.custom:
+        rejection = _custom_rejection(job.custom, policy)
+        if rejection is not None:
+            return rejection
+    elif job.custom is not None and not isinstance(job.custom, Mapping):
+        return InvalidRequest("custom must be a map")
+    if job.scheduled_at is not None and job.scheduled_at > now + policy.max_schedule_horizon_ms:
+        return ScheduledTooFar(policy.max_schedule_horizon_ms, job.scheduled_at)
+    return None
+
+
+def _new_job_event(state: State, job: NewJob, job_id: str, now: int) -> JobEnqueued:
+    config = state.config
+    policy = config.queues.get(job.queue, config.defaults)
+    priority = policy.default_priority if job.priority is None else job.priority
+    max_attempts = policy.default_max_attempts if job.max_attempts is None else job.max_attempts
+    if max_attempts > policy.max_attempts_ceiling:
+        max_attempts = policy.max_attempts_ceiling
+    scheduled_at = job.scheduled_at
+    key = job.idempotency_key
+    # Positional, in JobEnqueued's field order: keyword construction of a 15-field
+    # tuple costs a measurable share of the enqueue budget.
+    event: JobEnqueued = _new_tuple(
+        JobEnqueued,
+        (
+            job_id,
+            job.queue,
+            job.job_type,
+            job.payload_data,
+            job.payload_encoding,
+            priority,
+            max_attempts,
+            now,  # enqueued_at
+            scheduled_at,
+            scheduled_at if scheduled_at is not None and scheduled_at > now else None,  # run_at
+            key,
+            now + policy.dedup_window_ms
+            if key is not None and policy.dedup_window_ms > 0
+            else None,
+            job.traceparent,
+            job.tracestate,
+            dict(job.custom) if job.custom else None,
+        ),
+    )
+    return event
+
+
+class _Batch:
+    """What earlier jobs of the same enqueue did, for the later ones: a repeated
+    idempotency key is a dedup hit on the first job of the batch, and depth counts
+    the jobs already admitted."""
+
+    __slots__ = ("depth", "ids", "keys")
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[str, str], str] = {}
+        self.depth: dict[str, int] = {}
+        self.ids: set[str] = set()
+
+
+def _admit(
+    state: State, job: NewJob, now: int, batch: _Batch | None
+) -> tuple[Accepted | Rejection, JobEnqueued | None]:
+    """One job of an enqueue: its reply entry and, if it creates a job, its event."""
+    rejection = validate_new_job(state, job, now)
+    job_id = canonical_job_id(job.job_id)
+    if rejection is not None:
+        return rejection, None
+    if (
+        job_id is None
+        or job_id in state.jobs
+        or job_id in state.dead
+        or (batch is not None and job_id in batch.ids)
+    ):
+        # Ids are assigned by the server edge; a bad or reused one is a bug
+        # upstream, refused rather than allowed to alias another job.
+        return InvalidRequest(f"job id {job.job_id!r:.60} is not a fresh UUID"), None
+    queue = job.queue
+    key = job.idempotency_key
+    if key is not None:
+        original = batch.keys.get((queue, key)) if batch is not None else None
+        if original is None:
+            original = state.dedup_lookup(queue, key, now)
+        if original is not None:
+            return Accepted(original, True), None
+    config = state.config
+    cap = config.queues.get(queue, config.defaults).max_queue_depth
+    if cap is not None:
+        q = state.queues.get(queue)
+        live = q.live_count if q is not None else 0
+        if batch is not None:
+            live += batch.depth.get(queue, 0)
+        if live >= cap:
+            return QueueFull(queue, cap), None
+    event = _new_job_event(state, job, job_id, now)
+    if batch is not None:
+        batch.ids.add(job_id)
+        batch.depth[queue] = batch.depth.get(queue, 0) + 1
+        if key is not None and event.dedup_expires_at is not None:
+            batch.keys[(queue, key)] = job_id
+    return Accepted(job_id, False), event
+
+
+def _decide_enqueue(state: State, cmd: Enqueue, now: int) -> Decision | CommandError:
+    jobs = cmd.jobs
+    limit = state.config.limits.max_enqueue_batch
+    if not jobs:
+        return InvalidArgument("an enqueue needs at least one job")
+    if len(jobs) > limit:
+        return InvalidArgument(f"an enqueue holds at most {limit} jobs, got {len(jobs)}")
+    if len(jobs) == 1:
+        # The common case, without the batch bookkeeping.
+        result, event = _admit(state, jobs[0], now, None)
+        if event is not None:
+            one = frozenset((event.queue,)) if event.run_at is None else NOTHING_WOKEN
+            return Decision((event,), now, EnqueueResult((result,)), one)
+        if cmd.atomic and not isinstance(result, Accepted):
+            return Decision((), now, AtomicRejected(((0, result),)), NOTHING_WOKEN)
+        return Decision((), now, EnqueueResult((result,)), NOTHING_WOKEN)
+    batch = _Batch()
+    results: list[Accepted | Rejection] = []
+    events: list[Event] = []
+    failures: list[tuple[int, Rejection]] = []
+    woken: set[str] = set()
+    for index, job in enumerate(jobs):
+        result, event = _admit(state, job, now, batch)
+        results.append(result)
+        if event is not None:
+            events.append(event)
+            if event.run_at is None:
+                woken.add(event.queue)
+        elif not isinstance(result, Accepted):
+            failures.append((index, result))
+    if cmd.atomic and failures:
+        return Decision((), now, AtomicRejected(tuple(failures)), NOTHING_WOKEN)
+    return Decision(
+        tuple(events),
+        now,
+        EnqueueResult(tuple(results)),
+        frozenset(woken) if woken else NOTHING_WOKEN,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Reserve
+
+
+def _ordered(heap: list[Any]) -> Iterator[Any]:
+    """The entries of a heap in ascending order, without changing it
+    (O(k log k) for the first k entries)."""
+    n = len(heap)
+    if n == 0:
+        return
+    frontier: list[tuple[Any, int]] = [(heap[0], 0)]
+    while frontier:
+        entry, i = heappop(frontier)
+        yield entry
+        left = 2 * i + 1
+        if left < n:
+            heappush(frontier, (heap[left], left))
+            if left + 1 < n:
+                heappush(frontier, (heap[left + 1], left + 1))
+
+
+def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandError:
+    config = state.config
+    limits = config.limits
+    queues = cmd.queues
+    if not queues:
+        return InvalidArgument("reserve needs at least one queue")
+    if len(queues) > limits.max_reserve_queues:
+        return InvalidArgument(
+            f"reserve names at most {limits.max_reserve_queues} queues, got {len(queues)}"
+        )
+    lease_cap = 2**62
+    for name in queues:
+        problem = _queue_name_error(name)
+        if problem is None and _utf8_len(name) > limits.max_queue_name_bytes:
+            problem = f"queue name is longer than {limits.max_queue_name_bytes} bytes"
+        if problem is not None:
+            return InvalidArgument(problem)
+        declared = name in config.queues
+        if config.strict_queues and not declared:
+            unknown = tuple(dict.fromkeys(q for q in queues if q not in config.queues))
+            return FailedPrecondition(
+                f"queues {list(unknown)} are not declared and strict_queues is on", unknown
+            )
+        cap = (config.queues[name] if declared else config.defaults).max_lease_duration_ms
+        lease_cap = min(lease_cap, cap)
+    if not _is_int(cmd.lease_ms) or cmd.lease_ms <= 0:
+        return InvalidArgument("lease duration must be a positive number of ms")
+    if not _is_int(cmd.max_jobs) or cmd.max_jobs < 1:
+        return InvalidArgument("max_jobs must be >= 1")
+    problem = _optional_worker_id(cmd.worker_id)
+    if problem is not None:
+        return InvalidArgument(problem)
+    want = min(cmd.max_jobs, limits.max_reserve_batch)
+    deadline = now + min(cmd.lease_ms, lease_cap)
+    picked: list[Job] = []
+    for name in dict.fromkeys(queues):
+        q = state.queues.get(name)
+        if q is None or q.ready_count == 0:
+            continue
+        for prio in range(PRIORITY_LEVELS - 1, -1, -1):
+            heap = q.ready[prio]
+            if not heap:
+                continue
+            if want - len(picked) == 1:
+                # The common case: the top of a heap is always valid (apply prunes).
+                picked.append(heap[0][2])
+            else:
+                for entry in _ordered(heap):
+                    job = entry[2]
+                    if job.entry is entry:
+                        picked.append(job)
+                        if len(picked) == want:
+                            break
+            if len(picked) == want:
+                break
+        if len(picked) == want:
+            break
+    if not picked:
+        return Decision((), now, ReserveResult(()), NOTHING_WOKEN)
+    worker_id = cmd.worker_id
+    events = tuple(
+        JobReserved(
+            job_id=job.job_id, attempt=job.attempt, lease_expires_at=deadline, worker_id=worker_id
+        )
+        for job in picked
+    )
+    views = tuple(_delivery_view(job, deadline) for job in picked)
+    return Decision(events, now, ReserveResult(views), NOTHING_WOKEN)
+
+
+def _delivery_view(job: Job, lease_expires_at: int) -> JobView:
+    return JobView(
+        job.job_id,
+        job.queue,
+        job.job_type,
+        job.payload_data,
+        job.payload_encoding,
+        job.priority,
+        job.max_attempts,
+        job.attempt,
+        job.enqueued_at,
+        job.scheduled_at,
+        lease_expires_at,
+        job.traceparent,
+        job.tracestate,
+        dict(job.custom) if job.custom else None,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Ack, nack, extend
+
+
+def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
+    problem = _optional_worker_id(cmd.worker_id)
+    if problem is not None:
+        return InvalidArgument(problem)
+    job = _fence(state, cmd.job_id, cmd.attempt)
+    if isinstance(job, CommandError):
+        return job
+    event = JobAcked(job_id=job.job_id, attempt=job.attempt, worker_id=cmd.worker_id)
+    return Decision((event,), now, AckResult(job.job_id), NOTHING_WOKEN)
+
+
+def retry_delay_ms(policy: QueuePolicy, job_id: str, attempt: int) -> int:
+    """The queue's retry policy for a nack of `attempt` without an explicit delay:
+    base delay, doubled per attempt when exponential (saturating), capped by
+    retry_delay_max_ms and the schedule horizon, minus a deterministic jitter of up
+    to a quarter derived from (job id, attempt) — so jobs that fail together spread
+    out, and the same inputs always give the same delay."""
+    base = policy.retry_delay_ms
+    if base <= 0:
+        return 0
+    if policy.retry_backoff == RETRY_BACKOFF_EXPONENTIAL:
+        shift = min(attempt - 1, 62)
+        growth = base << shift
+    else:
+        growth = base
+    delay = min(growth, policy.retry_delay_max_ms, policy.max_schedule_horizon_ms)
+    jitter = zlib.crc32(f"{job_id}:{attempt}".encode()) % (delay // 4 + 1)
+    return delay - jitter
+
+
+def _dead_letter_event(
+    state: State, job: Job, cause: int, now: int, reason: str | None
+) -> JobDeadLettered:
+    return JobDeadLettered(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        cause=cause,
+        failed_at=now,
+        reason=reason,
+        retained=state.config.dead_letter_retention_ms > 0,
+    )
+
+
+def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
+    problem = _optional_worker_id(cmd.worker_id)
+    if problem is not None:
+        return InvalidArgument(problem)
+    if cmd.reason is not None and not isinstance(cmd.reason, str):
+        return InvalidArgument("reason must be a string")
+    if cmd.retry not in (RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER):
+        return InvalidArgument(f"unknown retry directive {cmd.retry!r}")
+    if cmd.retry == RETRY_DELAY and (not _is_int(cmd.delay_ms) or cmd.delay_ms < 0):  # type: ignore[operator]
+        return InvalidArgument("a retry delay must be an integer >= 0 ms")
+    job = _fence(state, cmd.job_id, cmd.attempt)
+    if isinstance(job, CommandError):
+        return job
+    if cmd.retry == RETRY_DEAD_LETTER:
+        event: Event = _dead_letter_event(state, job, CAUSE_REJECTED, now, cmd.reason)
+        return Decision((event,), now, NackResult(job.job_id, True), NOTHING_WOKEN)
+    if job.attempt >= job.max_attempts:
+        event = _dead_letter_event(state, job, CAUSE_ATTEMPTS_EXHAUSTED, now, cmd.reason)
+        return Decision((event,), now, NackResult(job.job_id, True), NOTHING_WOKEN)
+    policy = state.config.policy(job.queue)
+    if cmd.retry == RETRY_DELAY and cmd.delay_ms is not None:
+        delay = min(cmd.delay_ms, policy.max_schedule_horizon_ms)
+    else:
+        delay = retry_delay_ms(policy, job.job_id, job.attempt)
+    run_at = now + delay if delay > 0 else None
+    event = JobNacked(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        run_at=run_at,
+        reason=cmd.reason,
+        worker_id=cmd.worker_id,
+    )
+    woken = frozenset((job.queue,)) if run_at is None else NOTHING_WOKEN
+    return Decision((event,), now, NackResult(job.job_id, False), woken)
+
+
+def _decide_extend(state: State, cmd: Extend, now: int) -> Decision | CommandError:
+    problem = _optional_worker_id(cmd.worker_id)
+    if problem is not None:
+        return InvalidArgument(problem)
+    if not _is_int(cmd.lease_ms) or cmd.lease_ms <= 0:
+        return InvalidArgument("lease duration must be a positive number of ms")
+    job = _fence(state, cmd.job_id, cmd.attempt)
+    if isinstance(job, CommandError):
+        return job
+    cap = state.config.policy(job.queue).max_lease_duration_ms
+    deadline = now + min(cmd.lease_ms, cap)
+    event = JobLeaseExtended(
+        job_id=job.job_id, attempt=job.attempt, lease_expires_at=deadline, worker_id=cmd.worker_id
+    )
+    return Decision((event,), now, ExtendResult(job.job_id, deadline), NOTHING_WOKEN)
+
+
+# ---------------------------------------------------------------------------
+# Dead letters
+
+
+def _decide_drain(state: State, cmd: DrainDeadLetters, now: int) -> Decision | CommandError:
+    if cmd.queue is not None and (not isinstance(cmd.queue, str) or not cmd.queue):
+        return InvalidArgument("queue must be a non-empty string when given")
+    if not _is_int(cmd.max_records) or cmd.max_records < 1:
+        return InvalidArgument("max must be >= 1")
+    want = min(cmd.max_records, state.config.limits.max_reserve_batch)
+    if cmd.queue is None:
+        source = state.dead
+    else:
+        q = state.queues.get(cmd.queue)
+        source = q.dead if q is not None else {}
+    records = []
+    for record in source.values():
+        records.append(record)
+        if len(records) == want:
+            break
+    events = tuple(DeadLetterDrained(job_id=r.job.job_id) for r in records)
+    return Decision(events, now, DrainResult(tuple(r.view() for r in records)), NOTHING_WOKEN)
+
+
+def _decide_dead_letter_jobs(
+    state: State, cmd: DeadLetterJobs, now: int
+) -> Decision | CommandError:
+    if cmd.reason is not None and not isinstance(cmd.reason, str):
+        return InvalidArgument("reason must be a string")
+    if len(cmd.job_ids) > 100:
+        return InvalidArgument("an operator action handles at most 100 jobs")
+    events: list[Event] = []
+    affected: list[str] = []
+    refused: list[tuple[str, str]] = []
+    for raw in cmd.job_ids:
+        jid = canonical_job_id(raw)
+        job = state.jobs.get(jid) if jid is not None else None
+        if jid is None or job is None:
+            refused.append((str(raw), "not a live job"))
+        elif job.status not in (READY, SCHEDULED):
+            refused.append(
+                (jid, "only Ready or Scheduled jobs can be dead-lettered by an operator")
+            )
+        elif jid in affected:
+            continue
+        else:
+            events.append(_dead_letter_event(state, job, CAUSE_ADMIN, now, cmd.reason))
+            affected.append(jid)
+    return Decision(tuple(events), now, AdminResult(tuple(affected), tuple(refused)), NOTHING_WOKEN)
+
+
+def _decide_requeue(state: State, cmd: RequeueDeadLetters, now: int) -> Decision | CommandError:
+    if len(cmd.job_ids) > 100:
+        return InvalidArgument("an operator action handles at most 100 jobs")
+    events: list[Event] = []
+    affected: list[str] = []
+    refused: list[tuple[str, str]] = []
+    woken: set[str] = set()
+    for raw in cmd.job_ids:
+        jid = canonical_job_id(raw)
+        record = state.dead.get(jid) if jid is not None else None
+        if jid is None or record is None:
+            refused.append((str(raw), "no such dead letter"))
+        elif jid in affected:
+            continue
+        else:
+            events.append(DeadLetterRequeued(job_id=jid, enqueued_at=now))
+            affected.append(jid)
+            woken.add(record.job.queue)
+    return Decision(
+        tuple(events), now, AdminResult(tuple(affected), tuple(refused)), frozenset(woken)
+    )
+
+
+# ---------------------------------------------------------------------------
+# Sweep
+
+
+def _decide_sweep(state: State, cmd: Sweep, now: int) -> Decision | CommandError:
+    """Everything due at `now`, each phase capped at sweep_limit entries so one
+    backlog cannot starve the others (sepp-semantics.md §18)."""
+    limit = state.config.sweep_limit
+    events: list[Event] = []
+    woken: set[str] = set()
+    promoted = redelivered = dead_lettered = dedup_expired = dead_expired = 0
+
+    seen: set[str] = set()
+    for entry in _ordered(state.scheduled):
+        if entry[0] > now or promoted >= limit:
+            break
+        job = entry[2]
+        if job.status != SCHEDULED or job.due_ms != entry[0] or job.job_id in seen:
+            continue
+        seen.add(job.job_id)
+        events.append(JobPromoted(job_id=job.job_id))
+        woken.add(job.queue)
+        promoted += 1
+
+    seen.clear()
+    handled = 0
+    for entry in _ordered(state.leases):
+        if entry[0] > now or handled >= limit:
+            break
+        job = entry[2]
+        if job.status != IN_FLIGHT or job.due_ms != entry[0] or job.job_id in seen:
+            continue
+        seen.add(job.job_id)
+        handled += 1
+        if job.attempt >= job.max_attempts:
+            events.append(_dead_letter_event(state, job, CAUSE_LEASE_EXPIRED, now, None))
+            dead_lettered += 1
+        else:
+            events.append(JobLeaseExpired(job_id=job.job_id, attempt=job.attempt))
+            woken.add(job.queue)
+            redelivered += 1
+
+    seen_keys: set[tuple[str, str]] = set()
+    for dentry in _ordered(state.dedup_expiry):
+        if dentry[0] > now or dedup_expired >= limit:
+            break
+        key = (dentry[1], dentry[2])
+        record = state.dedup.get(key)
+        # Only the record this entry was made for: a key re-inserted after an
+        # earlier expiry has a later deadline and must survive.
+        if record is None or record[1] != dentry[0] or key in seen_keys:
+            continue
+        seen_keys.add(key)
+        events.append(DedupExpired(queue=key[0], idempotency_key=key[1], expires_at=dentry[0]))
+        dedup_expired += 1
+
+    retention = state.config.dead_letter_retention_ms
+    if retention > 0:
+        for dead in state.dead.values():
+            if dead.failed_at + retention > now or dead_expired >= limit:
+                break
+            events.append(DeadLetterExpired(job_id=dead.job.job_id))
+            dead_expired += 1
+
+    reply = SweepResult(promoted, redelivered, dead_lettered, dedup_expired, dead_expired)
+    return Decision(tuple(events), now, reply, frozenset(woken) if woken else NOTHING_WOKEN)
+
+
+_HANDLERS: dict[type[Any], Any] = {
+    Enqueue: _decide_enqueue,
+    Reserve: _decide_reserve,
+    Ack: _decide_ack,
+    Nack: _decide_nack,
+    Extend: _decide_extend,
+    DrainDeadLetters: _decide_drain,
+    Sweep: _decide_sweep,
+    DeadLetterJobs: _decide_dead_letter_jobs,
+    RequeueDeadLetters: _decide_requeue,
+}

@@ -1,0 +1,117 @@
+"""Invariant checks over a whole `State`: run after every apply in tests, and by
+`sepp-log verify` after a replay.
+
+Owns: `check_invariants(state)`, which raises `InvariantViolation` naming the first
+broken rule. O(size of the state): never on the hot path.
+
+Must not import: anything outside the standard library and `sepp.core`.
+"""
+
+from __future__ import annotations
+
+from sepp.core.state import (
+    DEAD,
+    IN_FLIGHT,
+    PRIORITY_LEVELS,
+    READY,
+    SCHEDULED,
+    State,
+)
+
+
+class InvariantViolation(AssertionError):
+    """The state broke one of its own rules: a bug, never an input error."""
+
+
+def _fail(message: str) -> None:
+    raise InvariantViolation(message)
+
+
+def _check_heap(name: str, heap: list) -> None:  # type: ignore[type-arg]
+    for i in range(1, len(heap)):
+        if heap[(i - 1) // 2] > heap[i]:
+            _fail(f"{name}: heap order broken at index {i}")
+
+
+def check_invariants(state: State) -> None:
+    counts: dict[str, list[int]] = {name: [0, 0, 0] for name in state.queues}
+    scheduled_ids = {e[1] for e in state.scheduled if state.scheduled_entry_valid(e)}
+    lease_ids = {e[1] for e in state.leases if state.lease_entry_valid(e)}
+    for job_id, job in state.jobs.items():
+        if job.job_id != job_id:
+            _fail(f"job stored under {job_id} has id {job.job_id}")
+        if job.queue not in state.queues:
+            _fail(f"job {job_id} is in unknown queue {job.queue!r}")
+        if not 0 <= job.priority < PRIORITY_LEVELS:
+            _fail(f"job {job_id} has priority {job.priority}")
+        if not 1 <= job.attempt <= job.max_attempts:
+            _fail(f"job {job_id} has attempt {job.attempt} of {job.max_attempts}")
+        if job_id in state.dead:
+            _fail(f"job {job_id} is both live and dead")
+        q = state.queues[job.queue]
+        if job.status == READY:
+            entry = job.entry
+            if entry is None or entry[2] is not job or entry[0] != job.enqueued_at:
+                _fail(f"ready job {job_id} has no matching ready entry")
+            counts[job.queue][0] += 1
+            if job.due_ms != 0 or job.worker_id is not None:
+                _fail(f"ready job {job_id} has a deadline or a worker")
+        elif job.status == SCHEDULED:
+            if job_id not in scheduled_ids:
+                _fail(f"scheduled job {job_id} is missing from the scheduled heap")
+            counts[job.queue][1] += 1
+        elif job.status == IN_FLIGHT:
+            if job_id not in lease_ids:
+                _fail(f"in-flight job {job_id} is missing from the lease heap")
+            counts[job.queue][2] += 1
+        else:
+            _fail(f"live job {job_id} has status {job.status}")
+        if job.status != READY and job.entry is not None:
+            _fail(f"job {job_id} is not ready but holds a ready entry")
+        del q
+    for name, q in state.queues.items():
+        valid_ready = 0
+        for prio in range(PRIORITY_LEVELS):
+            heap = q.ready[prio]
+            _check_heap(f"queue {name} priority {prio}", heap)
+            if heap and heap[0][2].entry is not heap[0]:
+                _fail(f"queue {name} priority {prio}: stale entry on top of the ready heap")
+            for entry in heap:
+                if entry[2].entry is entry:
+                    valid_ready += 1
+                    if entry[2].priority != prio or entry[2].queue != name:
+                        _fail(f"job {entry[1]} sits in the wrong ready heap")
+        expected = counts[name]
+        if (q.ready_count, q.scheduled_count, q.in_flight_count) != tuple(expected):
+            _fail(
+                f"queue {name} counts {(q.ready_count, q.scheduled_count, q.in_flight_count)} "
+                f"but jobs say {tuple(expected)}"
+            )
+        if valid_ready != q.ready_count:
+            _fail(f"queue {name} has {valid_ready} ready entries for {q.ready_count} ready jobs")
+        for job_id, record in q.dead.items():
+            if state.dead.get(job_id) is not record or record.job.queue != name:
+                _fail(f"dead letter {job_id} of queue {name} is not in the global store")
+    if sum(len(q.dead) for q in state.queues.values()) != len(state.dead):
+        _fail("per-queue dead-letter stores do not add up to the global one")
+    last_failed_at = None
+    for job_id, record in state.dead.items():
+        if record.job.status != DEAD or record.job.job_id != job_id:
+            _fail(f"dead letter {job_id} holds a job in status {record.job.status}")
+        if last_failed_at is not None and record.failed_at < last_failed_at:
+            _fail(f"dead letter {job_id} is out of failed_at order")
+        last_failed_at = record.failed_at
+    for heap_name, heap, valid in (
+        ("scheduled", state.scheduled, state.scheduled_entry_valid),
+        ("leases", state.leases, state.lease_entry_valid),
+    ):
+        _check_heap(heap_name, heap)
+        if heap and not valid(heap[0]):
+            _fail(f"stale entry on top of the {heap_name} heap")
+    _check_heap("dedup_expiry", state.dedup_expiry)
+    if state.dedup_expiry and not state.dedup_entry_valid(state.dedup_expiry[0]):
+        _fail("stale entry on top of the dedup expiry heap")
+    dedup_entries = {(e[1], e[2], e[0]) for e in state.dedup_expiry}
+    for (queue, key), (_job_id, expires_at) in state.dedup.items():
+        if (queue, key, expires_at) not in dedup_entries:
+            _fail(f"dedup record {(queue, key)} has no expiry entry")

@@ -1,0 +1,353 @@
+"""What `decide` answers: per-job rejections (values), whole-command errors and
+the replies of each command.
+
+Owns: the rejection catalogue of sepp-semantics.md §13 (one class per reason, with
+the reference's fields and metric label), the whole-command error classes (§15:
+invalid_argument, not_found, failed_precondition) and the reply classes.
+
+Promises: a rejection or an error never comes with events — nothing is logged and
+no other command is affected. Replies are immutable snapshots, safe to hand to
+another thread while the state moves on.
+
+Must not import: anything outside the standard library and `sepp.core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+# ---------------------------------------------------------------------------
+# Per-job rejections (§13). `reason` is the stable label; `transient` says a
+# retry may succeed later without changing the job.
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownQueue:
+    queue: str
+    reason: ClassVar[str] = "unknown_queue"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"queue {self.queue!r} is not declared and strict_queues is on"
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadTooLarge:
+    limit: int
+    actual: int
+    reason: ClassVar[str] = "payload_too_large"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"payload is {self.actual} bytes, the limit is {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class EncodingNotAllowed:
+    encoding: str
+    allowed: tuple[str, ...]
+    reason: ClassVar[str] = "encoding_not_allowed"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"encoding {self.encoding!r} is not one of {list(self.allowed)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobTypeNotAllowed:
+    job_type: str
+    allowed: tuple[str, ...]
+    reason: ClassVar[str] = "job_type_not_allowed"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"job type {self.job_type!r} is not one of {list(self.allowed)}"
+
+
+@dataclass(frozen=True, slots=True)
+class CustomEntriesTooMany:
+    limit: int
+    actual: int
+    reason: ClassVar[str] = "custom_entries_too_many"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"custom map has {self.actual} entries, the limit is {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class CustomMapTooLarge:
+    limit: int
+    actual: int
+    reason: ClassVar[str] = "custom_map_too_large"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"custom map is {self.actual} bytes, the limit is {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class CustomKeyTooLong:
+    key: str
+    limit: int
+    actual: int
+    reason: ClassVar[str] = "custom_key_too_long"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"custom key {self.key[:40]!r} is {self.actual} bytes, the limit is {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueNameTooLong:
+    limit: int
+    actual: int
+    reason: ClassVar[str] = "queue_name_too_long"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"queue name is {self.actual} bytes, the limit is {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobTypeNameTooLong:
+    limit: int
+    actual: int
+    reason: ClassVar[str] = "job_type_name_too_long"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"job type is {self.actual} bytes, the limit is {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyKeyTooLong:
+    limit: int
+    actual: int
+    reason: ClassVar[str] = "idempotency_key_too_long"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"idempotency key is {self.actual} bytes, the limit is {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledTooFar:
+    horizon_ms: int
+    actual: int
+    reason: ClassVar[str] = "scheduled_too_far"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"scheduled_at {self.actual} is beyond the horizon of {self.horizon_ms} ms"
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidRequest:
+    message: str
+    reason: ClassVar[str] = "invalid_request"
+    transient: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFull:
+    queue: str
+    limit: int
+    reason: ClassVar[str] = "queue_full"
+    transient: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"queue {self.queue!r} holds its maximum of {self.limit} live jobs"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueClosing:
+    """Part of the catalogue for wire compatibility; this server has no queue
+    deletion yet, so it never produces it."""
+
+    queue: str
+    reason: ClassVar[str] = "queue_closing"
+    transient: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"queue {self.queue!r} is being deleted"
+
+
+Rejection = (
+    UnknownQueue
+    | PayloadTooLarge
+    | EncodingNotAllowed
+    | JobTypeNotAllowed
+    | CustomEntriesTooMany
+    | CustomMapTooLarge
+    | CustomKeyTooLong
+    | QueueNameTooLong
+    | JobTypeNameTooLong
+    | IdempotencyKeyTooLong
+    | ScheduledTooFar
+    | InvalidRequest
+    | QueueFull
+    | QueueClosing
+)
+
+REJECTION_CLASSES: tuple[type[Any], ...] = (
+    UnknownQueue,
+    PayloadTooLarge,
+    EncodingNotAllowed,
+    JobTypeNotAllowed,
+    CustomEntriesTooMany,
+    CustomMapTooLarge,
+    CustomKeyTooLong,
+    QueueNameTooLong,
+    JobTypeNameTooLong,
+    IdempotencyKeyTooLong,
+    ScheduledTooFar,
+    InvalidRequest,
+    QueueFull,
+    QueueClosing,
+)
+
+# ---------------------------------------------------------------------------
+# Whole-command errors (§15). `code` is the error class name of the reference.
+
+
+@dataclass(frozen=True, slots=True)
+class CommandError:
+    message: str
+    code: ClassVar[str] = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidArgument(CommandError):
+    code: ClassVar[str] = "invalid_argument"
+
+
+@dataclass(frozen=True, slots=True)
+class NotFound(CommandError):
+    """There is no in-flight job with this id (fencing)."""
+
+    code: ClassVar[str] = "not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptMismatch(CommandError):
+    """The job is in flight under another attempt: the lease was reassigned."""
+
+    current_attempt: int = 0
+    code: ClassVar[str] = "failed_precondition"
+
+
+@dataclass(frozen=True, slots=True)
+class FailedPrecondition(CommandError):
+    """Strict mode: a reserve named queues that are not declared."""
+
+    queues: tuple[str, ...] = ()
+    code: ClassVar[str] = "failed_precondition"
+
+
+# ---------------------------------------------------------------------------
+# Replies. NamedTuples, like events: several are built per command on the hot
+# path, where a frozen dataclass costs several times more to construct.
+
+
+class Accepted(NamedTuple):
+    """One job of an enqueue was stored (or matched an earlier one by its key)."""
+
+    job_id: str
+    deduplicated: bool
+
+
+class EnqueueResult(NamedTuple):
+    """Best effort: one entry per job, in request order. Atomic success: every
+    entry is Accepted."""
+
+    results: tuple[Accepted | Rejection, ...]
+
+
+class AtomicRejected(NamedTuple):
+    """Atomic enqueue failure: nothing was stored; every failing job is listed
+    with its index in the request."""
+
+    failures: tuple[tuple[int, Rejection], ...]
+
+
+class JobView(NamedTuple):
+    """A job as a worker or an operator sees it."""
+
+    job_id: str
+    queue: str
+    job_type: str
+    payload_data: bytes | None
+    payload_encoding: str | None
+    priority: int
+    max_attempts: int
+    attempt: int
+    enqueued_at: int
+    scheduled_at: int | None
+    lease_expires_at: int | None
+    traceparent: str | None
+    tracestate: str | None
+    custom: Mapping[str, Any] | None
+
+
+class ReserveResult(NamedTuple):
+    jobs: tuple[JobView, ...]
+
+
+class AckResult(NamedTuple):
+    job_id: str
+
+
+class NackResult(NamedTuple):
+    job_id: str
+    dead_lettered: bool
+
+
+class ExtendResult(NamedTuple):
+    job_id: str
+    lease_expires_at: int
+
+
+class DeadLetterView(NamedTuple):
+    job: JobView
+    cause: int
+    failed_at: int
+    final_attempt: int
+    last_reason: str | None
+
+
+class DrainResult(NamedTuple):
+    records: tuple[DeadLetterView, ...]
+
+
+class SweepResult(NamedTuple):
+    promoted: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    dedup_expired: int = 0
+    dead_letters_expired: int = 0
+
+
+class AdminResult(NamedTuple):
+    """Ids the operator action changed, and per-id refusals."""
+
+    affected: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...]
+
+
+Reply = (
+    EnqueueResult
+    | AtomicRejected
+    | ReserveResult
+    | AckResult
+    | NackResult
+    | ExtendResult
+    | DrainResult
+    | SweepResult
+    | AdminResult
+)

@@ -1,0 +1,195 @@
+"""The state as plain rows and back: what a snapshot holds, without the bytes.
+
+Owns: `export_meta`, `export_jobs`, `export_dedup`, `export_dead` (iterators of
+msgpack-ready rows) and `StateBuilder`, which rebuilds a `State` from those rows.
+The storage layer frames and writes the rows (log_format/FORMAT.md, "Snapshot
+record bodies").
+
+Promises: `StateBuilder` fed the exported rows of a state produces a state with the
+same `canonical()` form. Row layouts are versioned by SNAPSHOT_ROWS_VERSION.
+
+Must not import: anything outside the standard library and `sepp.core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from heapq import heapify
+from typing import Any
+
+from sepp.core.config import CoreConfig
+from sepp.core.state import (
+    DEAD,
+    IN_FLIGHT,
+    READY,
+    SCHEDULED,
+    DeadLetter,
+    Job,
+    State,
+    job_fields,
+)
+
+SNAPSHOT_ROWS_VERSION = 1
+JOB_ROW_FIELDS = (
+    "job_id",
+    "queue",
+    "job_type",
+    "payload_data",
+    "payload_encoding",
+    "priority",
+    "max_attempts",
+    "enqueued_at",
+    "scheduled_at",
+    "idempotency_key",
+    "traceparent",
+    "tracestate",
+    "custom",
+    "attempt",
+    "status",
+    "due_ms",
+    "worker_id",
+    "last_reason",
+)
+DEAD_ROW_EXTRA_FIELDS = ("cause", "failed_at", "final_attempt", "dead_reason")
+
+
+class SnapshotContentError(ValueError):
+    """Snapshot rows that cannot form a state (wrong shape or contradictory)."""
+
+
+def export_meta(state: State) -> dict[str, Any]:
+    return {
+        "rows_version": SNAPSHOT_ROWS_VERSION,
+        "clock_ms": state.clock_ms,
+        "queues": list(state.queues),
+        "jobs": len(state.jobs),
+        "dedup": len(state.dedup),
+        "dead": len(state.dead),
+    }
+
+
+def export_jobs(state: State) -> Iterator[list[Any]]:
+    for job in state.jobs.values():
+        yield job_fields(job)
+
+
+def export_dedup(state: State) -> Iterator[list[Any]]:
+    for (queue, key), (job_id, expires_at) in state.dedup.items():
+        yield [queue, key, job_id, expires_at]
+
+
+def export_dead(state: State) -> Iterator[list[Any]]:
+    for record in state.dead.values():
+        row = job_fields(record.job)
+        row.extend((record.cause, record.failed_at, record.final_attempt, record.last_reason))
+        yield row
+
+
+class StateBuilder:
+    """Rebuilds a State from snapshot rows: meta first, then rows of each kind in
+    any number of chunks, then `finish()`."""
+
+    def __init__(self, config: CoreConfig, meta: dict[str, Any]) -> None:
+        if meta.get("rows_version") != SNAPSHOT_ROWS_VERSION:
+            raise SnapshotContentError(
+                f"unsupported snapshot rows version {meta.get('rows_version')!r}"
+            )
+        self.meta = meta
+        self.state = State(config)
+        clock = meta.get("clock_ms")
+        if not isinstance(clock, int):
+            raise SnapshotContentError("snapshot meta has no clock_ms")
+        self.state.clock_ms = clock
+        for name in meta.get("queues", ()):
+            self.state.queue(name)
+
+    def _job(self, row: list[Any]) -> Job:
+        if len(row) != len(JOB_ROW_FIELDS):
+            raise SnapshotContentError(
+                f"job row has {len(row)} fields, expected {len(JOB_ROW_FIELDS)}"
+            )
+        intern = self.state.intern
+        row[1] = intern(row[1])
+        row[2] = intern(row[2])
+        if row[4] is not None:
+            row[4] = intern(row[4])
+        return Job(*row)
+
+    def add_jobs(self, rows: Iterable[list[Any]]) -> None:
+        # The cold-start hot loop (a million rows must load in a few seconds):
+        # everything local, no per-row method calls beyond Job().
+        state = self.state
+        jobs = state.jobs
+        queues = state.queues
+        strings = state._strings
+        width = len(JOB_ROW_FIELDS)
+        scheduled = state.scheduled
+        leases = state.leases
+        for row in rows:
+            if len(row) != width:
+                raise SnapshotContentError(f"job row has {len(row)} fields, expected {width}")
+            name = row[1]
+            row[1] = name = strings.get(name) or strings.setdefault(name, name)
+            job_type = row[2]
+            row[2] = strings.get(job_type) or strings.setdefault(job_type, job_type)
+            encoding = row[4]
+            if encoding is not None:
+                row[4] = strings.get(encoding) or strings.setdefault(encoding, encoding)
+            job = Job(*row)
+            job_id = job.job_id
+            if job_id in jobs:
+                raise SnapshotContentError(f"job {job_id} appears twice")
+            jobs[job_id] = job
+            q = queues.get(name) or state.queue(name)
+            status = job.status
+            if status == READY:
+                entry = (job.enqueued_at, job_id, job)
+                job.entry = entry
+                q.ready[job.priority].append(entry)
+                q.ready_count += 1
+            elif status == SCHEDULED:
+                scheduled.append((job.due_ms, job_id, job))
+                q.scheduled_count += 1
+            elif status == IN_FLIGHT:
+                leases.append((job.due_ms, job_id, job))
+                q.in_flight_count += 1
+            else:
+                raise SnapshotContentError(f"live job {job_id} has status {status}")
+
+    def add_dedup(self, rows: Iterable[list[Any]]) -> None:
+        state = self.state
+        for row in rows:
+            if len(row) != 4:
+                raise SnapshotContentError("dedup row must have 4 fields")
+            queue, key, job_id, expires_at = row
+            queue = state.intern(queue)
+            state.dedup[(queue, key)] = (job_id, expires_at)
+            state.dedup_expiry.append((expires_at, queue, key))
+
+    def add_dead(self, rows: Iterable[list[Any]]) -> None:
+        state = self.state
+        width = len(JOB_ROW_FIELDS)
+        for row in rows:
+            if len(row) != width + len(DEAD_ROW_EXTRA_FIELDS):
+                raise SnapshotContentError("dead-letter row has the wrong number of fields")
+            job = self._job(row[:width])
+            if job.status != DEAD:
+                raise SnapshotContentError(f"dead letter {job.job_id} has status {job.status}")
+            cause, failed_at, final_attempt, reason = row[width:]
+            record = DeadLetter(job, cause, failed_at, final_attempt, reason)
+            state.dead[job.job_id] = record
+            (state.queues.get(job.queue) or state.queue(job.queue)).dead[job.job_id] = record
+
+    def finish(self) -> State:
+        state = self.state
+        counts = (len(state.jobs), len(state.dedup), len(state.dead))
+        expected = (self.meta.get("jobs"), self.meta.get("dedup"), self.meta.get("dead"))
+        if counts != expected:
+            raise SnapshotContentError(f"snapshot holds {counts} rows, its meta says {expected}")
+        for q in state.queues.values():
+            for heap in q.ready:
+                heapify(heap)
+        heapify(state.scheduled)
+        heapify(state.leases)
+        heapify(state.dedup_expiry)
+        return state

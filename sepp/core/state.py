@@ -1,0 +1,343 @@
+"""The in-memory state of sepp: every live job, its indexes, dedup records and
+dead letters.
+
+Owns: `Job`, `QueueState`, `DeadLetter`, `State`, the index entry conventions and
+the read-only queries over them (`JobView` building, stats, next deadline,
+canonical form for comparisons).
+
+Promises:
+- A job is in exactly one of: a ready heap (READY), the scheduled heap (SCHEDULED),
+  the lease heap (IN_FLIGHT), the dead-letter store (DEAD). `invariants.py` checks it.
+- Heaps use lazy deletion: an entry is valid only while the job still matches it
+  (see `ready_entry_valid` and friends). `apply` keeps the *top* of every heap
+  valid, so the head of a heap is always a real candidate.
+- The dead-letter dicts are ordered by `failed_at`, because the state's clock never
+  goes backwards and records are appended in apply order.
+
+Must not import: anything outside the standard library and `sepp.core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from heapq import heappop, heappush
+from typing import Any
+
+from sepp.core.config import CoreConfig
+from sepp.core.results import DeadLetterView, JobView
+
+READY = 0
+SCHEDULED = 1
+IN_FLIGHT = 2
+DEAD = 3
+DELETED = 4
+STATUS_NAMES = ("ready", "scheduled", "in_flight", "dead", "deleted")
+
+PRIORITY_LEVELS = 10
+
+
+class Job:
+    """One job. Mutable: `apply` changes its status, attempt and deadline in place
+    (snapshots copy the whole state by forking, so nothing here needs to be
+    persistent)."""
+
+    __slots__ = (
+        "job_id",
+        "queue",
+        "job_type",
+        "payload_data",
+        "payload_encoding",
+        "priority",
+        "max_attempts",
+        "enqueued_at",
+        "scheduled_at",
+        "idempotency_key",
+        "traceparent",
+        "tracestate",
+        "custom",
+        # Mutable part.
+        "attempt",
+        "status",
+        # SCHEDULED: when it becomes Ready. IN_FLIGHT: the lease deadline. Else 0.
+        "due_ms",
+        "worker_id",
+        "last_reason",
+        # READY: the ready-heap entry that currently stands for this job.
+        "entry",
+    )
+
+    def __init__(
+        self,
+        job_id: str,
+        queue: str,
+        job_type: str,
+        payload_data: bytes | None,
+        payload_encoding: str | None,
+        priority: int,
+        max_attempts: int,
+        enqueued_at: int,
+        scheduled_at: int | None,
+        idempotency_key: str | None,
+        traceparent: str | None,
+        tracestate: str | None,
+        custom: dict[str, Any] | None,
+        attempt: int,
+        status: int,
+        due_ms: int,
+        worker_id: str | None,
+        last_reason: str | None,
+    ) -> None:
+        self.job_id = job_id
+        self.queue = queue
+        self.job_type = job_type
+        self.payload_data = payload_data
+        self.payload_encoding = payload_encoding
+        self.priority = priority
+        self.max_attempts = max_attempts
+        self.enqueued_at = enqueued_at
+        self.scheduled_at = scheduled_at
+        self.idempotency_key = idempotency_key
+        self.traceparent = traceparent
+        self.tracestate = tracestate
+        self.custom = custom
+        self.attempt = attempt
+        self.status = status
+        self.due_ms = due_ms
+        self.worker_id = worker_id
+        self.last_reason = last_reason
+        self.entry: tuple[int, str, Job] | None = None
+
+    def view(self) -> JobView:
+        return JobView(
+            self.job_id,
+            self.queue,
+            self.job_type,
+            self.payload_data,
+            self.payload_encoding,
+            self.priority,
+            self.max_attempts,
+            self.attempt,
+            self.enqueued_at,
+            self.scheduled_at,
+            self.due_ms if self.status == IN_FLIGHT else None,
+            self.traceparent,
+            self.tracestate,
+            dict(self.custom) if self.custom else None,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Job({self.job_id}, {self.queue!r}, {STATUS_NAMES[self.status]}, "
+            f"attempt={self.attempt}/{self.max_attempts}, p={self.priority})"
+        )
+
+
+class DeadLetter:
+    __slots__ = ("job", "cause", "failed_at", "final_attempt", "last_reason")
+
+    def __init__(
+        self, job: Job, cause: int, failed_at: int, final_attempt: int, last_reason: str | None
+    ) -> None:
+        self.job = job
+        self.cause = cause
+        self.failed_at = failed_at
+        self.final_attempt = final_attempt
+        self.last_reason = last_reason
+
+    def view(self) -> DeadLetterView:
+        return DeadLetterView(
+            self.job.view(), self.cause, self.failed_at, self.final_attempt, self.last_reason
+        )
+
+
+class QueueState:
+    __slots__ = ("name", "ready", "ready_count", "scheduled_count", "in_flight_count", "dead")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # One min-heap per priority level of (enqueued_at, job_id, job): FIFO by
+        # original enqueue time, ties by job id, as the reference orders them.
+        self.ready: list[list[tuple[int, str, Job]]] = [[] for _ in range(PRIORITY_LEVELS)]
+        self.ready_count = 0
+        self.scheduled_count = 0
+        self.in_flight_count = 0
+        # This queue's dead letters, oldest first.
+        self.dead: dict[str, DeadLetter] = {}
+
+    @property
+    def live_count(self) -> int:
+        return self.ready_count + self.scheduled_count + self.in_flight_count
+
+
+class State:
+    """Everything `decide` reads and `apply` changes."""
+
+    def __init__(self, config: CoreConfig | None = None) -> None:
+        self.config = config if config is not None else CoreConfig()
+        # The high-water mark of command times: decide never stamps an earlier one.
+        self.clock_ms = 0
+        # Live jobs (Ready, Scheduled, In-flight) by id.
+        self.jobs: dict[str, Job] = {}
+        self.queues: dict[str, QueueState] = {}
+        # (run_at, job_id, job) for SCHEDULED jobs.
+        self.scheduled: list[tuple[int, str, Job]] = []
+        # (lease deadline, job_id, job) for IN_FLIGHT jobs.
+        self.leases: list[tuple[int, str, Job]] = []
+        # (queue, idempotency_key) -> (job_id, expires_at).
+        self.dedup: dict[tuple[str, str], tuple[str, int]] = {}
+        # (expires_at, queue, idempotency_key).
+        self.dedup_expiry: list[tuple[int, str, str]] = []
+        # All dead letters by job id, oldest (smallest failed_at) first.
+        self.dead: dict[str, DeadLetter] = {}
+        # Interned strings (queue names, job types, encodings) so a million jobs
+        # share a handful of str objects.
+        self._strings: dict[str, str] = {}
+        for name in self.config.queues:
+            self.queue(name)
+
+    def intern(self, value: str) -> str:
+        return self._strings.setdefault(value, value)
+
+    def queue(self, name: str) -> QueueState:
+        q = self.queues.get(name)
+        if q is None:
+            name = self.intern(name)
+            q = self.queues[name] = QueueState(name)
+        return q
+
+    # -- heap entry validity (lazy deletion) --------------------------------
+
+    @staticmethod
+    def ready_entry_valid(entry: tuple[int, str, Job]) -> bool:
+        return entry[2].entry is entry
+
+    @staticmethod
+    def scheduled_entry_valid(entry: tuple[int, str, Job]) -> bool:
+        job = entry[2]
+        return job.status == SCHEDULED and job.due_ms == entry[0]
+
+    @staticmethod
+    def lease_entry_valid(entry: tuple[int, str, Job]) -> bool:
+        job = entry[2]
+        return job.status == IN_FLIGHT and job.due_ms == entry[0]
+
+    def dedup_entry_valid(self, entry: tuple[int, str, str]) -> bool:
+        record = self.dedup.get((entry[1], entry[2]))
+        return record is not None and record[1] == entry[0]
+
+    def prune_scheduled(self) -> None:
+        heap = self.scheduled
+        while heap and not self.scheduled_entry_valid(heap[0]):
+            heappop(heap)
+
+    def prune_leases(self) -> None:
+        heap = self.leases
+        while heap and not self.lease_entry_valid(heap[0]):
+            heappop(heap)
+
+    def prune_dedup(self) -> None:
+        heap = self.dedup_expiry
+        while heap and not self.dedup_entry_valid(heap[0]):
+            heappop(heap)
+
+    @staticmethod
+    def prune_ready(heap: list[tuple[int, str, Job]]) -> None:
+        while heap and heap[0][2].entry is not heap[0]:
+            heappop(heap)
+
+    # -- queries -------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """The earliest time at which a sweep would have something to do."""
+        candidates = []
+        if self.scheduled:
+            candidates.append(self.scheduled[0][0])
+        if self.leases:
+            candidates.append(self.leases[0][0])
+        if self.dedup_expiry:
+            candidates.append(self.dedup_expiry[0][0])
+        retention = self.config.dead_letter_retention_ms
+        if self.dead and retention > 0:
+            oldest = next(iter(self.dead.values()))
+            candidates.append(oldest.failed_at + retention)
+        return min(candidates) if candidates else None
+
+    def oldest_ready_enqueued_at(self, queue: str) -> int | None:
+        q = self.queues.get(queue)
+        if q is None or q.ready_count == 0:
+            return None
+        heads = [heap[0][0] for heap in q.ready if heap]
+        return min(heads) if heads else None
+
+    def dedup_lookup(self, queue: str, key: str, now_ms: int) -> str | None:
+        record = self.dedup.get((queue, key))
+        if record is not None and now_ms < record[1]:
+            return record[0]
+        return None
+
+    def canonical(self) -> dict[str, Any]:
+        """A plain, order-normalised description of the state, for equality
+        checks between a live state and its replay (heap layouts and stale
+        entries are implementation details and are left out)."""
+        jobs = {jid: _job_tuple(job) for jid, job in self.jobs.items()}
+        ready = {}
+        for name, q in self.queues.items():
+            order: list[str] = []
+            for prio in range(PRIORITY_LEVELS - 1, -1, -1):
+                entries = sorted(e for e in q.ready[prio] if self.ready_entry_valid(e))
+                order.extend(e[1] for e in entries)
+            ready[name] = order
+        return {
+            "clock_ms": self.clock_ms,
+            "jobs": dict(sorted(jobs.items())),
+            "ready": ready,
+            "counts": {
+                name: (q.ready_count, q.scheduled_count, q.in_flight_count, len(q.dead))
+                for name, q in sorted(self.queues.items())
+            },
+            "dedup": dict(sorted(self.dedup.items())),
+            "dead": [
+                (jid, _job_tuple(d.job), d.cause, d.failed_at, d.final_attempt, d.last_reason)
+                for jid, d in self.dead.items()
+            ],
+            "queue_dead_order": {
+                name: list(q.dead) for name, q in sorted(self.queues.items()) if q.dead
+            },
+        }
+
+    def iter_jobs(self) -> Iterator[Job]:
+        return iter(self.jobs.values())
+
+
+def _job_tuple(job: Job) -> tuple[Any, ...]:
+    return (
+        job.job_id,
+        job.queue,
+        job.job_type,
+        job.payload_data,
+        job.payload_encoding,
+        job.priority,
+        job.max_attempts,
+        job.enqueued_at,
+        job.scheduled_at,
+        job.idempotency_key,
+        job.traceparent,
+        job.tracestate,
+        job.custom,
+        job.attempt,
+        job.status,
+        job.due_ms,
+        job.worker_id,
+        job.last_reason,
+    )
+
+
+def job_fields(job: Job) -> list[Any]:
+    """The job as a flat list, in `Job.__init__` order (used by snapshots)."""
+    return list(_job_tuple(job))
+
+
+def push_ready(q: QueueState, job: Job) -> None:
+    entry = (job.enqueued_at, job.job_id, job)
+    job.entry = entry
+    heappush(q.ready[job.priority], entry)

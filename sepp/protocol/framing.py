@@ -1,0 +1,75 @@
+"""Frames: a 4-byte big-endian length, then that many bytes of msgpack.
+
+Owns: `FrameReader` (bytes in, whole frames out, the size limit checked from the
+length prefix before anything is buffered for the frame) and `encode_frame`.
+
+Promises: a frame longer than `frame_bytes_max` raises `FrameTooLarge` as soon as
+its 4-byte prefix has arrived, without waiting for or allocating its body; a
+zero-length frame raises `ProtocolViolation`. Nothing here touches a socket.
+
+Must not import: asyncio, socket, sepp.core.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from sepp.protocol.errors import FrameTooLarge, ProtocolViolation
+
+LENGTH_PREFIX = struct.Struct(">I")
+LENGTH_PREFIX_BYTES = 4
+# The reference's max_message_bytes default: one whole request on the wire.
+FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
+FRAME_BYTES_CEILING = 2**31 - 1
+
+
+def encode_frame(body: bytes) -> bytes:
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
+class FrameReader:
+    """Accumulates received bytes and cuts them into frames."""
+
+    __slots__ = ("_buffer", "_need", "frame_bytes_max")
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        if not 1 <= frame_bytes_max <= FRAME_BYTES_CEILING:
+            raise ValueError(f"frame_bytes_max must be in 1..{FRAME_BYTES_CEILING}")
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+        # Length of the frame being received, once its prefix was read.
+        self._need = -1
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """Add received bytes; return every frame body now complete, in order.
+        Raises FrameTooLarge / ProtocolViolation when the stream breaks framing
+        (the connection must then be closed: the byte stream cannot be resynced)."""
+        buffer = self._buffer
+        buffer += data
+        frames: list[bytes] = []
+        pos = 0
+        end = len(buffer)
+        need = self._need
+        while True:
+            if need < 0:
+                if end - pos < LENGTH_PREFIX_BYTES:
+                    break
+                (need,) = LENGTH_PREFIX.unpack_from(buffer, pos)
+                if need > self.frame_bytes_max:
+                    raise FrameTooLarge(need, self.frame_bytes_max)
+                if need == 0:
+                    raise ProtocolViolation("zero-length frame")
+                pos += LENGTH_PREFIX_BYTES
+            if end - pos < need:
+                break
+            frames.append(bytes(buffer[pos : pos + need]))
+            pos += need
+            need = -1
+        if pos:
+            del buffer[:pos]
+        self._need = need
+        return frames

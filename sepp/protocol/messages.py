@@ -1,0 +1,473 @@
+"""Messages: the msgpack shapes inside frames, and their validation.
+
+Owns: the request and response envelopes (`[id, op, body]` and
+`[id, status, body]`), the operation names, and per-operation body validation
+that turns a decoded map into plain, type-checked Python values (or a
+`ProtocolError` naming the field). PROTOCOL.md is the specification.
+
+Promises: decoding never raises anything but `ProtocolError`/`ProtocolViolation`
+on bad input (tests fuzz it); values handed on are of the documented types, ints
+within signed 64 bits. Business rules (empty names, ranges, limits) are the state
+machine's job and come back as its rejections, not as protocol errors.
+
+Must not import: asyncio, socket, sepp.core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import msgpack
+
+from sepp.protocol.errors import (
+    INVALID_ARGUMENT,
+    OK,
+    STATUSES,
+    ProtocolError,
+    ProtocolViolation,
+)
+
+PROTOCOL_VERSION = 1
+SUPPORTED_PROTOCOL_VERSIONS = (1,)
+
+OP_HELLO = "hello"
+OP_HEALTH = "health"
+OP_ENQUEUE = "enqueue"
+OP_RESERVE = "reserve"
+OP_ACK = "ack"
+OP_NACK = "nack"
+OP_EXTEND = "extend"
+OP_DRAIN_DEAD_LETTERS = "drain_dead_letters"
+OP_SERVER_INFO = "server_info"
+OP_QUEUE_STATS = "queue_stats"
+OPS = (
+    OP_HELLO,
+    OP_HEALTH,
+    OP_ENQUEUE,
+    OP_RESERVE,
+    OP_ACK,
+    OP_NACK,
+    OP_EXTEND,
+    OP_DRAIN_DEAD_LETTERS,
+    OP_SERVER_INFO,
+    OP_QUEUE_STATS,
+)
+
+RETRY_DEFAULT = "default"
+RETRY_DELAY = "delay"
+RETRY_DEAD_LETTER = "dead_letter"
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+REQUEST_ID_MAX = 2**64 - 1
+
+_unpackb = msgpack.unpackb
+_packer_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+class Request(NamedTuple):
+    id: int
+    op: str
+    body: dict[str, Any]
+
+
+class Response(NamedTuple):
+    id: int
+    status: str
+    body: dict[str, Any]
+
+
+def _unpack(frame: bytes) -> Any:
+    try:
+        return _unpackb(frame, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:
+        # msgpack raises ExtraData, FormatError, StackError, ValueError,
+        # TypeError, UnicodeDecodeError... for bad bytes: all mean the same here.
+        raise ProtocolViolation(f"frame is not one msgpack value: {type(exc).__name__}") from exc
+
+
+def pack(value: Any) -> bytes:
+    """msgpack with bin for bytes and str for text (the only encoding used)."""
+    data: bytes = _packer_pack(value)
+    return data
+
+
+# -- envelopes ---------------------------------------------------------------
+
+
+def decode_request(frame: bytes) -> Request:
+    """A request frame. ProtocolViolation if it is not `[id, op, body]` with a
+    usable id (no answer is possible); ProtocolError (with `.request_id`) if the
+    id is fine but the op or body is not."""
+    obj = _unpack(frame)
+    if type(obj) is not list or len(obj) != 3:
+        raise ProtocolViolation("a request is an array [id, op, body]")
+    request_id, op, body = obj
+    if type(request_id) is not int or not 0 <= request_id <= REQUEST_ID_MAX:
+        raise ProtocolViolation("request id must be an unsigned 64-bit integer")
+    if type(op) is not str or op not in OPS:
+        raise _error(request_id, f"unknown operation {op!r:.60}")
+    if type(body) is not dict:
+        raise _error(request_id, "request body must be a map")
+    return Request(request_id, op, body)
+
+
+def encode_request(request_id: int, op: str, body: dict[str, Any]) -> bytes:
+    return pack([request_id, op, body])
+
+
+def encode_response(request_id: int, status: str, body: dict[str, Any]) -> bytes:
+    return pack([request_id, status, body])
+
+
+def error_body(message: str, **details: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"message": message}
+    body.update(details)
+    return body
+
+
+def decode_response(frame: bytes) -> Response:
+    """A response frame (client side). ProtocolViolation on anything malformed."""
+    obj = _unpack(frame)
+    if type(obj) is not list or len(obj) != 3:
+        raise ProtocolViolation("a response is an array [id, status, body]")
+    response_id, status, body = obj
+    if type(response_id) is not int or not 0 <= response_id <= REQUEST_ID_MAX:
+        raise ProtocolViolation("response id must be an unsigned 64-bit integer")
+    if type(status) is not str or status not in STATUSES:
+        raise ProtocolViolation(f"unknown response status {status!r:.40}")
+    if type(body) is not dict:
+        raise ProtocolViolation("response body must be a map")
+    if status != OK and type(body.get("message")) is not str:
+        raise ProtocolViolation("an error response needs a message")
+    return Response(response_id, status, body)
+
+
+def _error(request_id: int, message: str, code: str = INVALID_ARGUMENT) -> ProtocolError:
+    error = ProtocolError(message, code)
+    error.request_id = request_id  # type: ignore[attr-defined]
+    return error
+
+
+# -- field readers -------------------------------------------------------------
+
+
+class Fields:
+    """Typed access to a request body; every accessor raises ProtocolError naming
+    the field when its type is wrong."""
+
+    __slots__ = ("_body", "_where")
+
+    def __init__(self, body: dict[str, Any], where: str = "") -> None:
+        self._body = body
+        self._where = where
+
+    def _fail(self, name: str, expected: str) -> ProtocolError:
+        return ProtocolError(f"{self._where}{name} must be {expected}")
+
+    def text(self, name: str) -> str:
+        value = self._body.get(name)
+        if type(value) is not str:
+            raise self._fail(name, "a string")
+        return value
+
+    def opt_str(self, name: str) -> str | None:
+        value = self._body.get(name)
+        if value is not None and type(value) is not str:
+            raise self._fail(name, "a string or nil")
+        return value
+
+    def integer(self, name: str) -> int:
+        value = self._body.get(name)
+        if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
+            raise self._fail(name, "a 64-bit integer")
+        return value
+
+    def opt_int(self, name: str) -> int | None:
+        value = self._body.get(name)
+        if value is None:
+            return None
+        if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
+            raise self._fail(name, "a 64-bit integer or nil")
+        return value
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        value = self._body.get(name, default)
+        if type(value) is not bool:
+            raise self._fail(name, "a boolean")
+        return value
+
+    def str_list(self, name: str) -> list[str]:
+        value = self._body.get(name)
+        if type(value) is not list or any(type(v) is not str for v in value):
+            raise self._fail(name, "an array of strings")
+        return value
+
+    def array(self, name: str) -> list[Any]:
+        value = self._body.get(name)
+        if type(value) is not list:
+            raise self._fail(name, "an array")
+        return value
+
+
+# -- operation bodies ------------------------------------------------------------
+
+
+class WireJob(NamedTuple):
+    """One job of an enqueue, type-checked (values not yet range-checked)."""
+
+    queue: str
+    job_type: str
+    payload_data: bytes | None
+    payload_encoding: str | None
+    idempotency_key: str | None
+    priority: int | None
+    max_attempts: int | None
+    scheduled_at_ms: int | None
+    traceparent: str | None
+    tracestate: str | None
+    custom: dict[str, Any] | None
+
+
+_PRIMITIVES = (str, int, float, bool)
+
+
+def parse_job(raw: Any) -> WireJob:
+    """One job map of an enqueue. ProtocolError (per job: the server turns it into
+    that job's InvalidRequest rejection) if a field has the wrong type."""
+    if type(raw) is not dict:
+        raise ProtocolError("a job must be a map")
+    f = Fields(raw, "job.")
+    payload = raw.get("payload")
+    data = encoding = None
+    if payload is not None:
+        if type(payload) is not dict:
+            raise ProtocolError("job.payload must be a map {data, encoding} or nil")
+        data = payload.get("data")
+        encoding = payload.get("encoding")
+        if type(data) is not bytes:
+            raise ProtocolError("job.payload.data must be binary (msgpack bin)")
+        if type(encoding) is not str:
+            raise ProtocolError("job.payload.encoding must be a string")
+    trace = raw.get("trace_context")
+    traceparent = tracestate = None
+    if trace is not None:
+        if type(trace) is not dict:
+            raise ProtocolError("job.trace_context must be a map or nil")
+        traceparent = trace.get("traceparent")
+        tracestate = trace.get("tracestate")
+        if type(traceparent) is not str:
+            raise ProtocolError("job.trace_context.traceparent must be a string")
+        if tracestate is not None and type(tracestate) is not str:
+            raise ProtocolError("job.trace_context.tracestate must be a string or nil")
+    custom = raw.get("custom")
+    if custom is not None:
+        if type(custom) is not dict:
+            raise ProtocolError("job.custom must be a map or nil")
+        for key, value in custom.items():
+            if type(value) not in _PRIMITIVES:
+                raise ProtocolError(
+                    f"job.custom[{key!r:.40}] must be a string, integer, float or bool"
+                )
+            if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+                raise ProtocolError(f"job.custom[{key!r:.40}] does not fit in 64 bits")
+    return WireJob(
+        f.text("queue"),
+        f.text("job_type"),
+        data,
+        encoding,
+        f.opt_str("idempotency_key"),
+        f.opt_int("priority"),
+        f.opt_int("max_attempts"),
+        f.opt_int("scheduled_at_ms"),
+        traceparent,
+        tracestate,
+        custom,
+    )
+
+
+class EnqueueBody(NamedTuple):
+    jobs: list[WireJob | ProtocolError]
+    atomic: bool
+
+
+def parse_enqueue(body: dict[str, Any]) -> EnqueueBody:
+    f = Fields(body)
+    raw_jobs = f.array("jobs")
+    jobs: list[WireJob | ProtocolError] = []
+    for raw in raw_jobs:
+        try:
+            jobs.append(parse_job(raw))
+        except ProtocolError as exc:
+            jobs.append(exc)
+    return EnqueueBody(jobs, f.flag("atomic"))
+
+
+class ReserveBody(NamedTuple):
+    queues: list[str]
+    lease_ms: int
+    wait_ms: int
+    max_jobs: int
+    worker_id: str | None
+
+
+def parse_reserve(body: dict[str, Any]) -> ReserveBody:
+    f = Fields(body)
+    wait_ms = f.opt_int("wait_ms")
+    max_jobs = f.opt_int("max_jobs")
+    return ReserveBody(
+        f.str_list("queues"),
+        f.integer("lease_ms"),
+        0 if wait_ms is None else wait_ms,
+        1 if max_jobs is None else max_jobs,
+        f.opt_str("worker_id"),
+    )
+
+
+class AckBody(NamedTuple):
+    job_id: str
+    attempt: int
+    worker_id: str | None
+
+
+def parse_ack(body: dict[str, Any]) -> AckBody:
+    f = Fields(body)
+    return AckBody(f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"))
+
+
+class NackBody(NamedTuple):
+    job_id: str
+    attempt: int
+    retry: str
+    delay_ms: int | None
+    reason: str | None
+    worker_id: str | None
+
+
+def parse_nack(body: dict[str, Any]) -> NackBody:
+    f = Fields(body)
+    retry = f.opt_str("retry") or RETRY_DEFAULT
+    if retry not in (RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER):
+        raise ProtocolError(f"retry must be one of default, delay, dead_letter, got {retry!r:.40}")
+    delay_ms = f.opt_int("delay_ms")
+    if retry == RETRY_DELAY and delay_ms is None:
+        raise ProtocolError("retry 'delay' needs delay_ms")
+    return NackBody(
+        f.text("job_id"),
+        f.integer("attempt"),
+        retry,
+        delay_ms,
+        f.opt_str("reason"),
+        f.opt_str("worker_id"),
+    )
+
+
+class ExtendBody(NamedTuple):
+    job_id: str
+    attempt: int
+    lease_ms: int
+    worker_id: str | None
+
+
+def parse_extend(body: dict[str, Any]) -> ExtendBody:
+    f = Fields(body)
+    return ExtendBody(
+        f.text("job_id"), f.integer("attempt"), f.integer("lease_ms"), f.opt_str("worker_id")
+    )
+
+
+class DrainBody(NamedTuple):
+    queue: str | None
+    max_records: int
+
+
+def parse_drain(body: dict[str, Any]) -> DrainBody:
+    f = Fields(body)
+    max_records = f.opt_int("max")
+    return DrainBody(f.opt_str("queue"), 1 if max_records is None else max_records)
+
+
+class HelloBody(NamedTuple):
+    protocol: int
+    api_key: str | None
+    client: str | None
+
+
+def parse_hello(body: dict[str, Any]) -> HelloBody:
+    f = Fields(body)
+    return HelloBody(f.integer("protocol"), f.opt_str("api_key"), f.opt_str("client"))
+
+
+class QueueStatsBody(NamedTuple):
+    queues: list[str] | None
+
+
+def parse_queue_stats(body: dict[str, Any]) -> QueueStatsBody:
+    if body.get("queues") is None:
+        return QueueStatsBody(None)
+    return QueueStatsBody(Fields(body).str_list("queues"))
+
+
+PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    OP_HELLO: parse_hello,
+    OP_ENQUEUE: parse_enqueue,
+    OP_RESERVE: parse_reserve,
+    OP_ACK: parse_ack,
+    OP_NACK: parse_nack,
+    OP_EXTEND: parse_extend,
+    OP_DRAIN_DEAD_LETTERS: parse_drain,
+    OP_QUEUE_STATS: parse_queue_stats,
+    OP_SERVER_INFO: lambda body: None,
+    OP_HEALTH: lambda body: None,
+}
+
+
+def parse_body(request: Request) -> Any:
+    """The typed body of a request; ProtocolError (with `.request_id`) if its
+    fields have the wrong types."""
+    try:
+        return PARSERS[request.op](request.body)
+    except ProtocolError as exc:
+        exc.request_id = request.id  # type: ignore[attr-defined]
+        raise
+
+
+# -- response bodies (server side builds, client side reads) -------------------------
+
+
+def job_body(
+    job_id: str,
+    queue: str,
+    job_type: str,
+    payload_data: bytes | None,
+    payload_encoding: str | None,
+    priority: int,
+    attempt: int,
+    max_attempts: int,
+    enqueued_at_ms: int,
+    scheduled_at_ms: int | None,
+    lease_expires_at_ms: int | None,
+    traceparent: str | None,
+    tracestate: str | None,
+    custom: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A delivered (or dead-lettered) job as the wire carries it."""
+    return {
+        "id": job_id,
+        "queue": queue,
+        "job_type": job_type,
+        "payload": None
+        if payload_data is None
+        else {"data": payload_data, "encoding": payload_encoding},
+        "priority": priority,
+        "attempt": attempt,
+        "max_attempts": max_attempts,
+        "enqueued_at_ms": enqueued_at_ms,
+        "scheduled_at_ms": scheduled_at_ms,
+        "lease_expires_at_ms": lease_expires_at_ms,
+        "trace_context": None
+        if traceparent is None
+        else {"traceparent": traceparent, "tracestate": tracestate},
+        "custom": custom or {},
+    }

@@ -1,0 +1,110 @@
+"""The `sepp` command: run the server, print the example config, and operate a
+running server.
+
+    sepp serve [--config FILE] [--data-dir DIR] [--listen HOST:PORT]
+               [--persist-mode sync_all|sync_data|buffer]
+    sepp config example
+    sepp info | stats | enqueue QUEUE JOB_TYPE [...] | dead-letters drain [--queue Q]
+         (operator commands, each with --addr and --api-key)
+
+Exit codes: 0 normal shutdown or success; 1 startup or configuration error, or an
+operator command that failed; 2 usage error; 3 storage failure while running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from sepp._version import __version__
+from sepp.core.config import ConfigError
+from sepp.server.config import example_config, load_config
+from sepp.server.logs import setup_logging
+from sepp.storage import PERSIST_MODES, RecoveryError
+
+log = logging.getLogger("sepp.server")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from sepp.server.server import SeppServer
+
+    overrides = {
+        ("server", "data_dir"): args.data_dir,
+        ("server", "listen_addr"): args.listen,
+        ("storage", "persist_mode"): args.persist_mode,
+    }
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
+        return 1
+    setup_logging(config.get("logging", "level"), config.get("logging", "format"))
+
+    async def run() -> int:
+        server = SeppServer(config)
+        try:
+            host, port = await server.start()
+        except RecoveryError as exc:
+            log.critical("cannot start: %s", exc)
+            return 1
+        except OSError as exc:
+            log.critical("cannot start: %s", exc)
+            return 1
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_shutdown)
+        shown = f"[{host}]" if ":" in host else host
+        print(f"sepp listening on {shown}:{port}", flush=True)
+        return await server.wait_stopped()
+
+    try:
+        return asyncio.run(run())
+    except KeyboardInterrupt:  # pragma: no cover - signal handler normally wins
+        return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    if args.action == "example":
+        sys.stdout.write(example_config())
+        return 0
+    return 2  # pragma: no cover - argparse restricts choices
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sepp", description="sepp: a durable job queue")
+    parser.add_argument("--version", action="version", version=f"sepp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server until SIGTERM / Ctrl-C")
+    serve.add_argument("--config", help="TOML config file (default: $SEPP_CONFIG, else ./sepp.toml if present)")
+    serve.add_argument("--data-dir", help="data directory (default ./sepp-data)")
+    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:7463; port 0 = any)")
+    serve.add_argument("--persist-mode", choices=PERSIST_MODES, help="default sync_all")
+    serve.set_defaults(func=_serve)
+
+    config = sub.add_parser("config", help="configuration helpers")
+    config.add_argument("action", choices=["example"], help="example: print a complete commented config")
+    config.set_defaults(func=_config)
+
+    try:
+        from sepp.server.operator import add_operator_commands
+    except ImportError:  # pragma: no cover - the client library is part of the package
+        pass
+    else:
+        add_operator_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""Server configuration: a TOML file, environment overrides, command-line flags.
+
+Owns: the settings schema (sections, keys, types, defaults — the reference's names
+where the feature is shared), loading with precedence *flags > environment > file >
+defaults*, validation that names the offending key, conversion into the core's
+`CoreConfig` and the storage's `StorageOptions`, and `example_config()` — a complete,
+commented file equal to the defaults (`sepp config example`).
+
+Config file path: `--config`, else `SEPP_CONFIG`, else `./sepp.toml` if present. An
+explicit path that does not exist is an error. Environment: `SEPP_<SECTION>__<KEY>`
+(double underscore), values parsed as TOML values when they parse, else as strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sepp.core.config import (
+    POLICY_KEYS,
+    ConfigError,
+    CoreConfig,
+    Limits,
+    QueuePolicy,
+    validate_config,
+)
+from sepp.storage import PERSIST_MODES, StorageOptions
+
+DEFAULT_LISTEN = "127.0.0.1:7463"
+DEFAULT_DATA_DIR = "./sepp-data"
+DEFAULT_CONFIG_FILE = "sepp.toml"
+ENV_PREFIX = "SEPP_"
+ENV_CONFIG = "SEPP_CONFIG"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: its type, default and the comment `sepp config example` prints."""
+
+    kind: str  # "int", "opt_int", "bool", "str", "str_list", "opt_str_list", "api_keys", "opt_str"
+    default: Any
+    doc: str
+    minimum: int | None = None
+    choices: tuple[str, ...] | None = None
+
+
+_LIMIT_DEFAULTS = Limits()
+_POLICY_DEFAULTS = QueuePolicy()
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "server": {
+        "listen_addr": Key("str", DEFAULT_LISTEN, "host:port to listen on (loopback by default)"),
+        "data_dir": Key("str", DEFAULT_DATA_DIR, "where the log and snapshots live"),
+        "strict_queues": Key("bool", False, "refuse queues that are not declared in [[queues]]"),
+        "tls_cert_path": Key("opt_str", None, "PEM certificate; set both or neither"),
+        "tls_key_path": Key("opt_str", None, "PEM private key; set both or neither"),
+        "handshake_timeout_ms": Key("int", 10_000, "close connections that send no hello in time", 1),
+        "max_connections": Key("int", 1024, "connections beyond this are refused", 1),
+        "max_in_flight_per_connection": Key(
+            "int", 1024, "requests one connection may have waiting for answers", 1
+        ),
+        "output_buffer_bytes_max": Key(
+            "int", 64 * 1024 * 1024, "disconnect a client that stops reading past this", 65536
+        ),
+        "shutdown_grace_ms": Key("int", 10_000, "how long shutdown waits for in-flight work", 0),
+    },
+    "auth": {
+        "api_keys": Key(
+            "api_keys",
+            None,
+            'unset = open; [] = deny all; else [{name = "...", key = "..."}] (or plain strings)',
+        ),
+    },
+    "limits": {
+        "max_lease_duration_ms": Key("int", _POLICY_DEFAULTS.max_lease_duration_ms, "lease clamp", 1),
+        "default_max_attempts": Key("int", _POLICY_DEFAULTS.default_max_attempts, "", 1),
+        "max_attempts_ceiling": Key("int", _POLICY_DEFAULTS.max_attempts_ceiling, "", 1),
+        "default_priority": Key("int", _POLICY_DEFAULTS.default_priority, "0..9", 0),
+        "retry_delay_ms": Key("int", _POLICY_DEFAULTS.retry_delay_ms, "base delay of a default nack", 0),
+        "retry_backoff": Key(
+            "str", _POLICY_DEFAULTS.retry_backoff, "none or exponential", choices=("none", "exponential")
+        ),
+        "retry_delay_max_ms": Key("int", _POLICY_DEFAULTS.retry_delay_max_ms, "", 1),
+        "max_reserve_batch": Key("int", _LIMIT_DEFAULTS.max_reserve_batch, "", 1),
+        "max_reserve_queues": Key("int", _LIMIT_DEFAULTS.max_reserve_queues, "", 1),
+        "max_wait_timeout_ms": Key("int", _LIMIT_DEFAULTS.max_wait_timeout_ms, "long-poll clamp", 0),
+        "max_enqueue_batch": Key("int", _LIMIT_DEFAULTS.max_enqueue_batch, "", 1),
+        "max_queue_depth": Key("opt_int", None, "live jobs per queue; unset = unlimited", 0),
+        "max_payload_bytes": Key("int", _POLICY_DEFAULTS.max_payload_bytes, "", 0),
+        "max_message_bytes": Key("int", _LIMIT_DEFAULTS.max_message_bytes, "one request on the wire", 1024),
+        "max_custom_entries": Key("int", _POLICY_DEFAULTS.max_custom_entries, "", 0),
+        "max_custom_total_bytes": Key("int", _POLICY_DEFAULTS.max_custom_total_bytes, "", 0),
+        "max_custom_key_bytes": Key("int", _POLICY_DEFAULTS.max_custom_key_bytes, "", 0),
+        "max_queue_name_bytes": Key("int", _LIMIT_DEFAULTS.max_queue_name_bytes, "1..65535", 1),
+        "max_job_type_bytes": Key("int", _LIMIT_DEFAULTS.max_job_type_bytes, "", 1),
+        "max_idempotency_key_bytes": Key("int", _LIMIT_DEFAULTS.max_idempotency_key_bytes, "", 1),
+        "max_schedule_horizon_ms": Key("int", _POLICY_DEFAULTS.max_schedule_horizon_ms, "", 0),
+        "allowed_encodings": Key("opt_str_list", None, "unset = any; [] = no payloads"),
+    },
+    "storage": {
+        "persist_mode": Key("str", "sync_all", "sync_all | sync_data | buffer", choices=PERSIST_MODES),
+        "sweep_interval_ms": Key("int", 1000, "longest sleep between sweeps", 1),
+        "sweep_limit": Key("int", 10_000, "entries per sweep phase", 1),
+        "dedup_window_ms": Key("int", _POLICY_DEFAULTS.dedup_window_ms, "idempotency window", 0),
+        "dead_letter_retention_ms": Key(
+            "int", 0, "0 = dead letters are dropped; e.g. 604800000 keeps them 7 days", 0
+        ),
+        "command_queue_capacity": Key(
+            "int", 4096, "commands waiting for the disk before resource_exhausted", 1
+        ),
+        "segment_bytes_max": Key("int", 64 * 1024 * 1024, "log segment size", 4096),
+        "snapshot_every_bytes": Key("int", 256 * 1024 * 1024, "snapshot after this much log; 0 = only at shutdown", 0),
+        "log_retention_ms": Key("int", 0, "keep covered log segments this long for audits", 0),
+        "snapshots_kept": Key("int", 2, "", 1),
+        "buffer_flush_interval_ms": Key("int", 1000, "buffer mode: loss window on an OS crash", 1),
+    },
+    "logging": {
+        "level": Key("str", "info", "debug | info | warning | error", choices=("debug", "info", "warning", "error")),
+        "format": Key("str", "text", "text | json", choices=("text", "json")),
+    },
+}
+
+# Per-queue keys of [[queues]]: the policy keys, each falling back to its global.
+QUEUE_KEYS: dict[str, Key] = {
+    name: (
+        SCHEMA["storage"]["dedup_window_ms"]
+        if name == "dedup_window_ms"
+        else Key("opt_str_list", None, "queue-only allow-list")
+        if name == "allowed_job_types"
+        else SCHEMA["limits"][name]
+    )
+    for name in POLICY_KEYS
+}
+
+ALIASES = {("server", "db_path"): ("server", "data_dir")}
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    key: str
+
+
+@dataclass
+class ServerConfig:
+    """The loaded, validated configuration."""
+
+    values: dict[str, dict[str, Any]]
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    source: str | None = None
+
+    def get(self, section: str, key: str) -> Any:
+        return self.values[section][key]
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return parse_listen(self.get("server", "listen_addr"))
+
+    @property
+    def api_keys(self) -> list[ApiKey] | None:
+        raw = self.get("auth", "api_keys")
+        if raw is None:
+            return None
+        return [ApiKey(k["name"], k["key"]) for k in raw]
+
+    def core_config(self) -> CoreConfig:
+        lim = self.values["limits"]
+        limits = Limits(**{f.name: lim[f.name] for f in dataclasses.fields(Limits)})
+        defaults = self._policy({})
+        queues = {q["name"]: self._policy(q) for q in self.queues}
+        return CoreConfig(
+            limits=limits,
+            defaults=defaults,
+            queues=queues,
+            strict_queues=self.get("server", "strict_queues"),
+            dead_letter_retention_ms=self.get("storage", "dead_letter_retention_ms"),
+            sweep_limit=self.get("storage", "sweep_limit"),
+        )
+
+    def _policy(self, overrides: Mapping[str, Any]) -> QueuePolicy:
+        values = {}
+        for name in POLICY_KEYS:
+            if name in overrides and overrides[name] is not None:
+                value = overrides[name]
+            elif name == "dedup_window_ms":
+                value = self.get("storage", "dedup_window_ms")
+            elif name == "allowed_job_types":
+                value = None
+            else:
+                value = self.get("limits", name)
+            if name in ("allowed_encodings", "allowed_job_types") and value is not None:
+                value = tuple(value)
+            values[name] = value
+        return QueuePolicy(**values)
+
+    def storage_options(self) -> StorageOptions:
+        s = self.values["storage"]
+        return StorageOptions(
+            persist_mode=s["persist_mode"],
+            segment_bytes_max=s["segment_bytes_max"],
+            snapshot_every_bytes=s["snapshot_every_bytes"],
+            log_retention_ms=s["log_retention_ms"],
+            snapshots_kept=s["snapshots_kept"],
+            buffer_flush_interval_ms=s["buffer_flush_interval_ms"],
+        )
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError("server.listen_addr", f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ConfigError("server.listen_addr", f"port {port!r} is not a number") from None
+    if not 0 <= port_number <= 65535:
+        raise ConfigError("server.listen_addr", f"port {port_number} is out of range")
+    return host, port_number
+
+
+# -- coercion and validation ---------------------------------------------------
+
+
+def _coerce(where: str, key: Key, value: Any) -> Any:
+    kind = key.kind
+    if kind in ("int", "opt_int"):
+        if value is None and kind == "opt_int":
+            return None
+        if type(value) is not int:
+            raise ConfigError(where, f"must be an integer, got {value!r}")
+        if key.minimum is not None and value < key.minimum:
+            raise ConfigError(where, f"must be at least {key.minimum}, got {value}")
+        return value
+    if kind == "bool":
+        if type(value) is not bool:
+            raise ConfigError(where, f"must be true or false, got {value!r}")
+        return value
+    if kind in ("str", "opt_str"):
+        if value is None and kind == "opt_str":
+            return None
+        if type(value) is not str or not value:
+            raise ConfigError(where, f"must be a non-empty string, got {value!r}")
+        if key.choices is not None and value not in key.choices:
+            raise ConfigError(where, f"must be one of {', '.join(key.choices)}, got {value!r}")
+        return value
+    if kind == "opt_str_list":
+        if value is None:
+            return None
+        if type(value) is not list or any(type(v) is not str or not v for v in value):
+            raise ConfigError(where, "must be a list of non-empty strings")
+        return list(value)
+    if kind == "api_keys":
+        return _coerce_api_keys(where, value)
+    raise AssertionError(f"unknown kind {kind}")  # pragma: no cover
+
+
+def _coerce_api_keys(where: str, value: Any) -> list[dict[str, str]] | None:
+    if value is None:
+        return None
+    if type(value) is not list:
+        raise ConfigError(where, 'must be a list of {name = "...", key = "..."} entries')
+    keys = []
+    for i, entry in enumerate(value):
+        if type(entry) is str:
+            entry = {"name": f"key{i + 1}", "key": entry}
+        if type(entry) is not dict or set(entry) - {"name", "key"}:
+            raise ConfigError(f"{where}[{i}]", "must be {name = ..., key = ...}")
+        name, key = entry.get("name"), entry.get("key")
+        if type(name) is not str or not name or type(key) is not str or not key:
+            raise ConfigError(f"{where}[{i}]", "name and key must be non-empty strings")
+        keys.append({"name": name, "key": key})
+    names = [k["name"] for k in keys]
+    secrets = [k["key"] for k in keys]
+    if len(set(names)) != len(names):
+        raise ConfigError(where, "key names must be unique")
+    if len(set(secrets)) != len(secrets):
+        raise ConfigError(where, "keys must be unique")
+    return keys
+
+
+def _merge_section(
+    values: dict[str, dict[str, Any]], section: str, raw: Any, origin: str
+) -> None:
+    if type(raw) is not dict:
+        raise ConfigError(section, f"[{section}] must be a table ({origin})")
+    for key, value in raw.items():
+        target_section, target_key = ALIASES.get((section, key), (section, key))
+        schema = SCHEMA[target_section]
+        if target_key not in schema:
+            raise ConfigError(f"{section}.{key}", f"unknown setting ({origin})")
+        values[target_section][target_key] = _coerce(
+            f"{target_section}.{target_key}", schema[target_key], value
+        )
+
+
+def _queue_entries(raw: Any, origin: str) -> list[dict[str, Any]]:
+    if type(raw) is not list:
+        raise ConfigError("queues", f"[[queues]] must be an array of tables ({origin})")
+    queues = []
+    seen = set()
+    for i, entry in enumerate(raw):
+        if type(entry) is not dict:
+            raise ConfigError(f"queues[{i}]", "must be a table")
+        name = entry.get("name")
+        if type(name) is not str or not name:
+            raise ConfigError(f"queues[{i}].name", "is required and must be a non-empty string")
+        if name in seen:
+            raise ConfigError(f"queues.{name}.name", "is declared twice")
+        seen.add(name)
+        queue: dict[str, Any] = {"name": name}
+        for key, value in entry.items():
+            if key == "name":
+                continue
+            if key not in QUEUE_KEYS:
+                raise ConfigError(f"queues.{name}.{key}", f"unknown per-queue setting ({origin})")
+            queue[key] = _coerce(f"queues.{name}.{key}", QUEUE_KEYS[key], value)
+        queues.append(queue)
+    return queues
+
+
+def _env_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def resolve_config_path(explicit: str | None, env: Mapping[str, str]) -> tuple[str | None, bool]:
+    """(path, explicit?) by the precedence --config > SEPP_CONFIG > ./sepp.toml."""
+    if explicit:
+        return explicit, True
+    if env.get(ENV_CONFIG):
+        return env[ENV_CONFIG], True
+    if os.path.exists(DEFAULT_CONFIG_FILE):
+        return DEFAULT_CONFIG_FILE, False
+    return None, False
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[tuple[str, str], Any] | None = None,
+) -> ServerConfig:
+    """Load and validate. Raises ConfigError naming the key and the problem."""
+    env = os.environ if env is None else env
+    values = {section: {k: key.default for k, key in keys.items()} for section, keys in SCHEMA.items()}
+    queues: list[dict[str, Any]] = []
+    source, explicit = resolve_config_path(path, env)
+    if source is not None:
+        try:
+            with open(source, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError("config", f"file {source} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"{source} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError("config", f"cannot read {source}: {exc}") from None
+        for section, raw in data.items():
+            if section == "queues":
+                queues = _queue_entries(raw, source)
+            elif section in SCHEMA:
+                _merge_section(values, section, raw, source)
+            else:
+                raise ConfigError(section, f"unknown section [{section}] in {source}")
+    for name, text in env.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if section == "queues":
+            queues = _queue_entries(_env_value(text), f"environment {name}")
+            continue
+        if section not in SCHEMA:
+            raise ConfigError(f"{section}.{key}", f"unknown section in environment variable {name}")
+        _merge_section(values, section, {key: _env_value(text)}, f"environment {name}")
+    for (section, key), value in (overrides or {}).items():
+        if value is not None:
+            _merge_section(values, section, {key: value}, "command line")
+    config = ServerConfig(values, queues, source)
+    _cross_validate(config)
+    return config
+
+
+def _cross_validate(config: ServerConfig) -> None:
+    server = config.values["server"]
+    if (server["tls_cert_path"] is None) != (server["tls_key_path"] is None):
+        raise ConfigError("server.tls_key_path", "tls_cert_path and tls_key_path must be set together")
+    parse_listen(server["listen_addr"])
+    limits = config.values["limits"]
+    if limits["max_queue_name_bytes"] > 65535:
+        raise ConfigError("limits.max_queue_name_bytes", "must be at most 65535")
+    validate_config(config.core_config())
+
+
+# -- sepp config example ---------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(value)  # pragma: no cover
+
+
+def example_config() -> str:
+    """A complete, commented configuration equal to the built-in defaults."""
+    lines = [
+        "# sepp configuration. Every setting is shown with its default value.",
+        "# Precedence: command-line flags > SEPP_<SECTION>__<KEY> environment variables",
+        "# > this file > built-in defaults. Durations are milliseconds (*_ms).",
+        "",
+    ]
+    for section, keys in SCHEMA.items():
+        lines.append(f"[{section}]")
+        for name, key in keys.items():
+            if key.doc:
+                lines.append(f"# {key.doc}")
+            if key.default is None:
+                lines.append(f"# {name} = (unset)")
+            else:
+                lines.append(f"{name} = {_toml_value(key.default)}")
+        lines.append("")
+    lines += [
+        "# Declared queues override any [limits] key (and storage.dedup_window_ms) for",
+        "# one queue; allowed_job_types exists only per queue. Example:",
+        "# [[queues]]",
+        '# name = "emails"',
+        "# default_priority = 5",
+        "# retry_delay_ms = 5000",
+        '# retry_backoff = "exponential"',
+        '# allowed_job_types = ["send_welcome", "send_reset"]',
+        "",
+    ]
+    return "\n".join(lines)
+

@@ -1,0 +1,151 @@
+"""The commit pipeline: the asyncio face of the storage engine's group commit.
+
+Owns: `CommitPipeline`, which runs every command on the event-loop thread (decide,
+apply, buffer its record), wakes the group-commit thread, and resolves each
+command's future once its barrier sequence number is durable — in log order.
+Also the server's clock (read once per command, clamped to never go backwards)
+and the bounded backlog of commands waiting for durability.
+
+Promises: a reply is never released before its record (or, for a command that
+logged nothing, every record it may have read) is durable per the persist mode;
+when more than `backlog_max` commands already wait for a sync, new commands are
+refused with `Overloaded` instead of queueing without limit; a storage failure
+fails every waiting command and every later one with `StorageFailed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+from sepp.core.commands import Command
+from sepp.core.decide import Decision
+from sepp.core.results import CommandError
+from sepp.storage import Engine, GroupCommitter, StorageFailed
+
+
+class Overloaded(RuntimeError):
+    """Too many commands are waiting for the disk: retry later (resource_exhausted)."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitPipeline:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        backlog_max: int = 4096,
+        clock: Callable[[], int] = wall_clock_ms,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.backlog_max = backlog_max
+        self._clock = clock
+        self._last_now = engine.state.clock_ms
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._committer: GroupCommitter | None = None
+        self._durable_callbacks: list[Callable[[int], None]] = []
+        self.failure: BaseException | None = None
+        self._on_failure = on_failure
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        loop = self._loop
+        self._committer = GroupCommitter(
+            self.engine,
+            on_durable=lambda seq: loop.call_soon_threadsafe(self._release, seq),
+            on_failure=lambda exc: loop.call_soon_threadsafe(self._fail, exc),
+        )
+        self._committer.start()
+
+    async def stop(self) -> None:
+        """Flush what is buffered, release its waiters and stop the flusher."""
+        committer = self._committer
+        if committer is None:
+            return
+        self._committer = None
+        await asyncio.to_thread(committer.stop)
+        if self.failure is None:
+            self._release(self.engine.durable_seq)
+
+    def add_durable_callback(self, callback: Callable[[int], None]) -> None:
+        """Called on the loop thread with each new durable sequence number, after
+        the waiters up to it were released."""
+        self._durable_callbacks.append(callback)
+
+    # -- the clock -------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        now = self._clock()
+        if now < self._last_now:
+            now = self._last_now  # never backwards, even if the wall clock is
+        self._last_now = now
+        return now
+
+    # -- commands --------------------------------------------------------------
+
+    def execute(self, command: Command) -> tuple[Decision | CommandError, int]:
+        """Run `command` now (on the loop thread); returns the decision and the
+        barrier to wait for. Raises Overloaded or StorageFailed."""
+        if self.failure is not None:
+            raise StorageFailed(f"storage has failed: {self.failure}")
+        if len(self._waiters) >= self.backlog_max:
+            raise Overloaded(
+                f"{len(self._waiters)} commands are waiting for the disk; retry shortly"
+            )
+        return self.engine.execute(command, self.now_ms())
+
+    def durable(self, barrier: int) -> asyncio.Future[None] | None:
+        """None if `barrier` is already durable, else a future resolved when it is."""
+        if barrier <= self.engine.durable_seq:
+            return None
+        loop = self._loop
+        assert loop is not None, "pipeline not started"
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((barrier, future))
+        committer = self._committer
+        if committer is not None:
+            committer.wake()
+        return future
+
+    async def submit(self, command: Command) -> Decision | CommandError:
+        """Execute `command` and wait until its reply may be released."""
+        decision, barrier = self.execute(command)
+        future = self.durable(barrier)
+        if future is not None:
+            await future
+        return decision
+
+    # -- completions (loop thread) -------------------------------------------------
+
+    def _release(self, seq: int) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= seq:
+            _, future = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+        for callback in self._durable_callbacks:
+            callback(seq)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+        error = exc if isinstance(exc, StorageFailed) else StorageFailed(str(exc))
+        while self._waiters:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(error)
+        if self._on_failure is not None:
+            self._on_failure(exc)
+
+    @property
+    def backlog(self) -> int:
+        return len(self._waiters)

@@ -1,0 +1,828 @@
+"""The sepp server: asyncio listener, connections, dispatch, long polls, sweeps,
+shutdown.
+
+Owns: `SeppServer` (start, serve, shut down), `ClientConnection` (one socket: frames
+in, responses out, hello/auth, per-connection limits and flow control), the dispatch
+of each protocol operation to a state-machine command, parked long-poll reserves
+and the sweep timer.
+
+Promises:
+- The only layer that reads the clock and does network I/O. Commands run on the
+  event-loop thread, in arrival order; a response is written only once its
+  barrier is durable (`CommitPipeline`), so nothing is acknowledged early.
+- A misbehaving client (garbage, oversized frames, a request flood, a slow reader)
+  is answered with an error or disconnected; no other connection notices.
+- Parked reserves are woken by the command that made jobs ready, one waiter at a
+  time per queue while jobs remain (no thundering herd); they answer empty on
+  their deadline and at shutdown.
+- Lease expiries and scheduled jobs are handled by a logged Sweep command on a
+  timer set for the next deadline (never later than sweep_interval_ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import hmac
+import logging
+import ssl
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from sepp._version import __version__ as SEPP_VERSION
+from sepp.core.commands import (
+    RETRY_DEAD_LETTER,
+    RETRY_DELAY,
+    Ack,
+    Command,
+    DrainDeadLetters,
+    Enqueue,
+    Extend,
+    Nack,
+    Reserve,
+    Sweep,
+)
+from sepp.core.decide import Decision
+from sepp.core.results import (
+    AckResult,
+    CommandError,
+    DrainResult,
+    ExtendResult,
+    NackResult,
+    ReserveResult,
+)
+from sepp.protocol import errors as perr
+from sepp.protocol import messages as pm
+from sepp.protocol.framing import FrameReader, encode_frame
+from sepp.server.config import ServerConfig
+from sepp.server.ids import JobIds
+from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
+from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_view_body, new_job
+from sepp.storage import Engine, StorageFailed
+
+log = logging.getLogger("sepp.server")
+
+# Transport write-buffer marks: above HIGH the server stops reading requests from
+# that client until its responses drain below LOW (flow control for slow readers).
+WRITE_BUFFER_HIGH = 1024 * 1024
+WRITE_BUFFER_LOW = 256 * 1024
+
+EXIT_OK = 0
+EXIT_STORAGE_FAILED = 3
+
+
+class ParkedReserve:
+    """A long-poll reserve waiting for jobs."""
+
+    __slots__ = ("command", "conn", "done", "queues", "request_id", "timer")
+
+    def __init__(self, conn: ClientConnection, request_id: int, command: Reserve) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.command = command
+        self.queues = tuple(dict.fromkeys(command.queues))
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+
+class SeppServer:
+    def __init__(self, config: ServerConfig, *, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.config = config
+        self.core_config = config.core_config()
+        self.clock = clock
+        self.engine: Engine | None = None
+        self.pipeline: CommitPipeline | None = None
+        self.ids = JobIds()
+        self.connections: set[ClientConnection] = set()
+        self.address: tuple[str, int] | None = None
+        self.exit_code = EXIT_OK
+        self.stopping = False
+        self.storage_failure: BaseException | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = asyncio.Event()
+        self._shutdown_task: asyncio.Task[None] | None = None
+        # queue -> parked reserves in arrival order
+        self._parked: dict[str, deque[ParkedReserve]] = {}
+        self._wake_queued: set[str] = set()
+        self._wake_scheduled = False
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._sweep_target: int | None = None
+        keys = config.api_keys
+        self._api_keys: list[bytes] | None = None if keys is None else [k.key.encode() for k in keys]
+        server = config.values["server"]
+        self.handshake_timeout_s = server["handshake_timeout_ms"] / 1000
+        self.max_connections = server["max_connections"]
+        self.max_in_flight = server["max_in_flight_per_connection"]
+        self.output_buffer_max = server["output_buffer_bytes_max"]
+        self.frame_bytes_max = config.get("limits", "max_message_bytes")
+        self.sweep_interval_ms = config.get("storage", "sweep_interval_ms")
+        self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> tuple[str, int]:
+        """Recover storage, start the commit pipeline and listen. Returns the bound
+        (host, port)."""
+        self._loop = asyncio.get_running_loop()
+        data_dir = self.config.get("server", "data_dir")
+        self.engine = engine = Engine.open(data_dir, self.core_config, self.config.storage_options())
+        report = engine.recovery_report
+        log.info(
+            "recovered %s: snapshot seq %d (%.2fs), %d records / %d events replayed (%.2fs), "
+            "%d live jobs, %d dead letters%s",
+            data_dir,
+            report.snapshot_seq,
+            report.snapshot_load_s,
+            report.records_replayed,
+            report.events_replayed,
+            report.replay_s,
+            len(engine.state.jobs),
+            len(engine.state.dead),
+            f", truncated torn tail of {report.truncated[0]} at {report.truncated[1]} ({report.truncated[2]} bytes)"
+            if report.truncated
+            else "",
+        )
+        for path, reason in report.skipped_snapshots:
+            log.warning("skipped damaged snapshot %s: %s", path, reason)
+        if engine.options.persist_mode == "buffer":
+            log.warning(
+                "persist_mode = buffer: acknowledged writes survive a process crash but up to "
+                "%d ms of them can be lost on an OS crash or power loss",
+                engine.options.buffer_flush_interval_ms,
+            )
+        if self.core_config.dead_letter_retention_ms == 0:
+            log.warning(
+                "dead_letter_retention_ms = 0: dead-lettered jobs are dropped, not kept "
+                "(drain_dead_letters will always be empty)"
+            )
+        # Recovered state is long-lived: keep the cyclic GC from rescanning it, and
+        # make full collections rare (the state holds millions of objects).
+        gc.freeze()
+        gc.set_threshold(10_000, 50, 1000)
+        self.pipeline = CommitPipeline(
+            engine,
+            backlog_max=self.config.get("storage", "command_queue_capacity"),
+            clock=self.clock,
+            on_failure=self._storage_failed,
+        )
+        self.pipeline.start()
+        host, port = self.config.listen
+        tls = self._tls_context()
+        self._server = await self._loop.create_server(
+            lambda: ClientConnection(self),
+            host,
+            port,
+            ssl=tls,
+            reuse_address=True,
+            backlog=1024,
+        )
+        sock = self._server.sockets[0]
+        bound = sock.getsockname()
+        self.address = (bound[0], bound[1])
+        self._schedule_sweep()
+        log.info(
+            "listening on %s:%d (%s, persist_mode=%s, auth=%s)",
+            self.address[0],
+            self.address[1],
+            "TLS" if tls else "plain TCP",
+            engine.options.persist_mode,
+            "off" if self._api_keys is None else f"{len(self._api_keys)} key(s)",
+        )
+        return self.address
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        server = self.config.values["server"]
+        cert, key = server["tls_cert_path"], server["tls_key_path"]
+        if cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        return context
+
+    async def wait_stopped(self) -> int:
+        await self._stopped.wait()
+        return self.exit_code
+
+    def request_shutdown(self) -> None:
+        if self._shutdown_task is None and self._loop is not None:
+            self._shutdown_task = self._loop.create_task(self.shutdown())
+
+    async def shutdown(self) -> None:
+        """Stop accepting, answer parked reserves (empty) and in-flight work, final
+        sync and snapshot, close connections."""
+        if self.stopping:
+            await self._stopped.wait()
+            return
+        self.stopping = True
+        log.info("shutting down")
+        if self._server is not None:
+            self._server.close()
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+        for waiters in list(self._parked.values()):
+            for parked in list(waiters):
+                self._finish_parked(parked, ())
+        self._parked.clear()
+        pipeline, engine = self.pipeline, self.engine
+        if pipeline is not None:
+            try:
+                await asyncio.wait_for(
+                    pipeline.stop(), self.config.get("server", "shutdown_grace_ms") / 1000 + 5
+                )
+            except (TimeoutError, StorageFailed) as exc:
+                log.error("shutdown: flushing the log failed: %s", exc)
+                self.exit_code = EXIT_STORAGE_FAILED
+        if engine is not None:
+            try:
+                if self.storage_failure is None:
+                    await asyncio.to_thread(engine.close, snapshot=True)
+                    log.info("final snapshot at seq %d", engine.snapshot_seq)
+            except (StorageFailed, OSError) as exc:
+                log.error("shutdown: final snapshot failed: %s", exc)
+                self.exit_code = EXIT_STORAGE_FAILED
+        for conn in list(self.connections):
+            conn.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self.storage_failure is not None:
+            self.exit_code = EXIT_STORAGE_FAILED
+        log.info("stopped (exit code %d)", self.exit_code)
+        self._stopped.set()
+
+    def _storage_failed(self, exc: BaseException) -> None:
+        if self.storage_failure is None:
+            self.storage_failure = exc
+            log.critical("storage failed, stopping: %s", exc)
+        self.exit_code = EXIT_STORAGE_FAILED
+        self.request_shutdown()
+
+    # -- helpers -------------------------------------------------------------------
+
+    def check_api_key(self, key: str | None) -> bool:
+        keys = self._api_keys
+        if keys is None:
+            return True
+        if key is None:
+            return False
+        candidate = key.encode()
+        # Compare against every key in constant time, so timing tells nothing about
+        # which key (or how much of one) matched.
+        matched = False
+        for known in keys:
+            matched |= hmac.compare_digest(candidate, known)
+        return matched
+
+    @property
+    def auth_required(self) -> bool:
+        return self._api_keys is not None
+
+    def run(self, command: Command) -> tuple[Decision | CommandError, int]:
+        """Execute a command on the loop thread; side effects (wakes, sweep timer,
+        snapshots) included. Raises Overloaded / StorageFailed."""
+        pipeline = self.pipeline
+        assert pipeline is not None
+        decision, barrier = pipeline.execute(command)
+        if type(decision) is Decision and decision.events:
+            if decision.woken:
+                self._wake(decision.woken)
+            self._schedule_sweep()
+            engine = pipeline.engine
+            if engine.snapshot_due():
+                engine.start_snapshot()
+        return decision, barrier
+
+    def respond_when_durable(self, conn: ClientConnection, barrier: int, frame: bytes) -> None:
+        pipeline = self.pipeline
+        assert pipeline is not None
+        future = pipeline.durable(barrier)
+        if future is None:
+            conn.send_frame(frame)
+        else:
+            future.add_done_callback(lambda f: conn.send_after(f, frame))
+
+    # -- long polls ------------------------------------------------------------------
+
+    def park(self, parked: ParkedReserve, wait_ms: int) -> None:
+        for queue in parked.queues:
+            self._parked.setdefault(queue, deque()).append(parked)
+        assert self._loop is not None
+        parked.timer = self._loop.call_later(wait_ms / 1000, self._parked_timeout, parked)
+        parked.conn.parked.add(parked)
+
+    def _parked_timeout(self, parked: ParkedReserve) -> None:
+        self._finish_parked(parked, ())
+
+    def unpark(self, parked: ParkedReserve) -> None:
+        parked.done = True
+        if parked.timer is not None:
+            parked.timer.cancel()
+        parked.conn.parked.discard(parked)
+        for queue in parked.queues:
+            waiters = self._parked.get(queue)
+            if waiters is not None:
+                try:
+                    waiters.remove(parked)
+                except ValueError:
+                    pass
+                if not waiters:
+                    del self._parked[queue]
+
+    def _finish_parked(self, parked: ParkedReserve, jobs: tuple[Any, ...], barrier: int = 0) -> None:
+        if parked.done:
+            return
+        self.unpark(parked)
+        frame = encode_frame(
+            pm.encode_response(parked.request_id, perr.OK, {"jobs": [job_view_body(j) for j in jobs]})
+        )
+        if barrier:
+            self.respond_when_durable(parked.conn, barrier, frame)
+        else:
+            parked.conn.send_frame(frame)
+
+    def _wake(self, queues: frozenset[str]) -> None:
+        parked = self._parked
+        if not parked:
+            return
+        for queue in queues:
+            if queue in parked:
+                self._wake_queued.add(queue)
+        if self._wake_queued and not self._wake_scheduled:
+            self._wake_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._wake_pass)
+
+    def _wake_pass(self) -> None:
+        """Serve parked reserves of the woken queues, oldest first, while their
+        queue yields jobs: one reserve per waiter, stop at the first empty one."""
+        self._wake_scheduled = False
+        queues, self._wake_queued = self._wake_queued, set()
+        for queue in queues:
+            while not self.stopping:
+                waiters = self._parked.get(queue)
+                if not waiters:
+                    break
+                parked = waiters[0]
+                try:
+                    decision, barrier = self.run(parked.command)
+                except (Overloaded, StorageFailed):
+                    break  # try again at the next wake; the deadline still holds
+                if type(decision) is not Decision:
+                    self._finish_parked(parked, ())
+                    continue
+                reply = decision.reply
+                assert isinstance(reply, ReserveResult)
+                if not reply.jobs:
+                    break
+                self._finish_parked(parked, reply.jobs, barrier)
+
+    # -- the sweep ---------------------------------------------------------------------
+
+    def _schedule_sweep(self) -> None:
+        if self.stopping or self.engine is None or self._loop is None:
+            return
+        now = self.clock()
+        target = now + self.sweep_interval_ms
+        deadline = self.engine.state.next_deadline()
+        if deadline is not None and deadline < target:
+            target = deadline
+        if self._sweep_timer is not None and self._sweep_target is not None:
+            if self._sweep_target <= target:
+                return
+            self._sweep_timer.cancel()
+        self._sweep_target = target
+        self._sweep_timer = self._loop.call_later(max(0, target - now) / 1000, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweep_timer = None
+        self._sweep_target = None
+        if self.stopping:
+            return
+        try:
+            decision, _barrier = self.run(Sweep())
+            if type(decision) is Decision and decision.events:
+                reply = decision.reply
+                log.debug("sweep: %s", reply)
+        except Overloaded:
+            pass  # the backlog will drain; retry on the next timer
+        except StorageFailed:
+            return
+        self._schedule_sweep()
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client: frames in, responses out."""
+
+    def __init__(self, server: SeppServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader(server.frame_bytes_max)
+        self.peer = "?"
+        self.hello_done = False
+        self.closed = False
+        self.in_flight = 0
+        self.parked: set[ParkedReserve] = set()
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        server = self.server
+        if server.stopping:
+            self._refuse(perr.UNAVAILABLE, perr.REASON_SHUTTING_DOWN, "the server is shutting down")
+            return
+        if len(server.connections) >= server.max_connections:
+            log.warning("refused connection from %s: %d connections open", self.peer, len(server.connections))
+            self._refuse(perr.RESOURCE_EXHAUSTED, "too_many_connections", "too many connections")
+            return
+        server.connections.add(self)
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        loop = asyncio.get_running_loop()
+        self._handshake_timer = loop.call_later(server.handshake_timeout_s, self._handshake_expired)
+
+    def _refuse(self, code: str, reason: str, message: str) -> None:
+        assert self.transport is not None
+        self.transport.write(
+            encode_frame(pm.encode_response(0, code, pm.error_body(message, reason=reason)))
+        )
+        self.closed = True
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        for parked in list(self.parked):
+            self.server.unpark(parked)
+
+    def pause_writing(self) -> None:
+        # The client is not reading its responses: stop reading its requests.
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and self._reading_paused and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            frames = self.reader.feed(data)
+        except perr.FrameTooLarge as exc:
+            log.warning("closing %s: %s", self.peer, exc)
+            self._refuse(perr.RESOURCE_EXHAUSTED, perr.REASON_FRAME_TOO_LARGE, str(exc))
+            return
+        except perr.FramingError as exc:
+            log.warning("closing %s: %s", self.peer, exc)
+            self.close()
+            return
+        for frame in frames:
+            if self.closed:
+                return
+            self._handle_frame(frame)
+
+    # -- output --------------------------------------------------------------------------
+
+    def send_frame(self, frame: bytes) -> None:
+        self.in_flight -= 1
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        transport.write(frame)
+        if transport.get_write_buffer_size() > self.server.output_buffer_max:
+            log.warning(
+                "closing %s: it stopped reading (%d bytes of responses buffered)",
+                self.peer,
+                transport.get_write_buffer_size(),
+            )
+            self.abort()
+
+    def send_after(self, future: asyncio.Future[None], frame: bytes) -> None:
+        if future.cancelled():
+            self.in_flight -= 1
+            return
+        exc = future.exception()
+        if exc is not None:
+            self.in_flight -= 1
+            # The command's outcome is unknown: it was applied in memory but its
+            # record may not be on disk.
+            self._error_after_failure()
+            return
+        self.send_frame(frame)
+
+    def _error_after_failure(self) -> None:
+        transport = self.transport
+        if transport is not None and not self.closed:
+            transport.write(
+                encode_frame(
+                    pm.encode_response(
+                        0,
+                        perr.INTERNAL,
+                        pm.error_body(
+                            "storage failed; the outcome of in-flight commands is unknown",
+                            reason=perr.REASON_STORAGE_FAILED,
+                        ),
+                    )
+                )
+            )
+            self.close()
+
+    def reply(self, request_id: int, status: str, body: dict[str, Any]) -> None:
+        self.send_frame(encode_frame(pm.encode_response(request_id, status, body)))
+
+    def error(self, request_id: int, code: str, message: str, **details: Any) -> None:
+        self.reply(request_id, code, pm.error_body(message, **details))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _handshake_expired(self) -> None:
+        if not self.hello_done and not self.closed:
+            log.warning("closing %s: no hello within %.1fs", self.peer, self.server.handshake_timeout_s)
+            self.close()
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def _handle_frame(self, frame: bytes) -> None:
+        try:
+            request = pm.decode_request(frame)
+        except perr.ProtocolViolation as exc:
+            log.warning("closing %s: %s", self.peer, exc)
+            self.close()
+            return
+        except perr.ProtocolError as exc:
+            self.in_flight += 1
+            self.error(getattr(exc, "request_id", 0), exc.code, exc.message)
+            return
+        self.in_flight += 1
+        if self.in_flight > self.server.max_in_flight:
+            self.error(
+                request.id,
+                perr.RESOURCE_EXHAUSTED,
+                f"more than {self.server.max_in_flight} requests in flight on this connection",
+                reason="too_many_requests",
+            )
+            return
+        op = request.op
+        if not self.hello_done and op not in (pm.OP_HELLO, pm.OP_HEALTH):
+            log.warning("closing %s: %s before hello", self.peer, op)
+            self.error(request.id, perr.INVALID_ARGUMENT, "the first request must be hello")
+            self.close()
+            return
+        try:
+            body = pm.parse_body(request)
+        except perr.ProtocolError as exc:
+            self.error(request.id, exc.code, exc.message)
+            return
+        handler = _HANDLERS[op]
+        try:
+            handler(self, request.id, body)
+        except Overloaded as exc:
+            self.error(request.id, perr.RESOURCE_EXHAUSTED, str(exc), reason=perr.REASON_OVERLOADED)
+        except StorageFailed as exc:
+            self.error(request.id, perr.INTERNAL, f"storage failed: {exc}", reason=perr.REASON_STORAGE_FAILED)
+
+    def _check_serving(self, request_id: int) -> bool:
+        if self.server.stopping:
+            self.error(
+                request_id, perr.UNAVAILABLE, "the server is shutting down", reason=perr.REASON_SHUTTING_DOWN
+            )
+            return False
+        return True
+
+    def _finish(self, request_id: int, decision: Decision | CommandError, barrier: int, body_of: Callable[[Any], dict[str, Any]]) -> None:
+        if type(decision) is not Decision:
+            code, body = command_error(decision)  # type: ignore[arg-type]
+            frame = encode_frame(pm.encode_response(request_id, code, body))
+        else:
+            frame = encode_frame(pm.encode_response(request_id, perr.OK, body_of(decision.reply)))
+        self.server.respond_when_durable(self, barrier, frame)
+
+    # -- operations ------------------------------------------------------------------------
+
+    def op_hello(self, request_id: int, body: pm.HelloBody) -> None:
+        server = self.server
+        if body.protocol not in pm.SUPPORTED_PROTOCOL_VERSIONS:
+            self.error(
+                request_id,
+                perr.INVALID_ARGUMENT,
+                f"protocol version {body.protocol} is not supported",
+                supported_protocol_versions=list(pm.SUPPORTED_PROTOCOL_VERSIONS),
+            )
+            self.close()
+            return
+        if not server.check_api_key(body.api_key):
+            log.warning("closing %s: %s", self.peer, "missing API key" if body.api_key is None else "unknown API key")
+            self.error(request_id, perr.UNAUTHENTICATED, "missing or unknown API key")
+            self.close()
+            return
+        self.hello_done = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self.reply(
+            request_id,
+            perr.OK,
+            {
+                "protocol": pm.PROTOCOL_VERSION,
+                "server_version": SEPP_VERSION,
+                "server_time_ms": server.clock(),
+                "max_message_bytes": server.frame_bytes_max,
+                "auth_required": server.auth_required,
+            },
+        )
+
+    def op_health(self, request_id: int, body: None) -> None:
+        server = self.server
+        if server.storage_failure is not None:
+            self.reply(request_id, perr.OK, {"status": "not_serving", "reason": "storage failed"})
+        elif server.stopping:
+            self.reply(request_id, perr.OK, {"status": "not_serving", "reason": "shutting down"})
+        else:
+            self.reply(request_id, perr.OK, {"status": "serving"})
+
+    def op_enqueue(self, request_id: int, body: pm.EnqueueBody) -> None:
+        if not self._check_serving(request_id):
+            return
+        server = self.server
+        next_id = server.ids.next
+        jobs = tuple(new_job(next_id(), wire) for wire in body.jobs)
+        decision, barrier = server.run(Enqueue(jobs=jobs, atomic=body.atomic))
+        self._finish(request_id, decision, barrier, enqueue_body)
+
+    def op_reserve(self, request_id: int, body: pm.ReserveBody) -> None:
+        if not self._check_serving(request_id):
+            return
+        server = self.server
+        if body.wait_ms < 0:
+            self.error(request_id, perr.INVALID_ARGUMENT, "wait_ms must be >= 0")
+            return
+        command = Reserve(
+            queues=tuple(body.queues), lease_ms=body.lease_ms, max_jobs=body.max_jobs, worker_id=body.worker_id
+        )
+        decision, barrier = server.run(command)
+        if type(decision) is Decision:
+            reply = decision.reply
+            assert isinstance(reply, ReserveResult)
+            wait_ms = min(body.wait_ms, server.max_wait_ms)
+            if not reply.jobs and wait_ms > 0:
+                server.park(ParkedReserve(self, request_id, command), wait_ms)
+                return
+        self._finish(request_id, decision, barrier, _reserve_body)
+
+    def op_ack(self, request_id: int, body: pm.AckBody) -> None:
+        if not self._check_serving(request_id):
+            return
+        decision, barrier = self.server.run(
+            Ack(job_id=body.job_id, attempt=body.attempt, worker_id=body.worker_id)
+        )
+        self._finish(request_id, decision, barrier, _ack_body)
+
+    def op_nack(self, request_id: int, body: pm.NackBody) -> None:
+        if not self._check_serving(request_id):
+            return
+        retry = {pm.RETRY_DELAY: RETRY_DELAY, pm.RETRY_DEAD_LETTER: RETRY_DEAD_LETTER}.get(
+            body.retry, "default"
+        )
+        decision, barrier = self.server.run(
+            Nack(
+                job_id=body.job_id,
+                attempt=body.attempt,
+                retry=retry,
+                delay_ms=body.delay_ms,
+                reason=body.reason,
+                worker_id=body.worker_id,
+            )
+        )
+        self._finish(request_id, decision, barrier, _nack_body)
+
+    def op_extend(self, request_id: int, body: pm.ExtendBody) -> None:
+        if not self._check_serving(request_id):
+            return
+        decision, barrier = self.server.run(
+            Extend(job_id=body.job_id, attempt=body.attempt, lease_ms=body.lease_ms, worker_id=body.worker_id)
+        )
+        self._finish(request_id, decision, barrier, _extend_body)
+
+    def op_drain_dead_letters(self, request_id: int, body: pm.DrainBody) -> None:
+        if not self._check_serving(request_id):
+            return
+        decision, barrier = self.server.run(DrainDeadLetters(queue=body.queue, max_records=body.max_records))
+        if type(decision) is Decision and decision.events:
+            log.warning("drain_dead_letters by %s removed %d record(s)", self.peer, len(decision.events))
+        self._finish(request_id, decision, barrier, _drain_body)
+
+    def op_server_info(self, request_id: int, body: None) -> None:
+        server = self.server
+        engine = server.engine
+        assert engine is not None
+        config = server.core_config
+        policy = config.defaults
+        limits = config.limits
+        info = {
+            "server_version": SEPP_VERSION,
+            "supported_protocol_versions": [f"v{v}" for v in pm.SUPPORTED_PROTOCOL_VERSIONS],
+            "server_time_ms": server.clock(),
+            "restricts_encodings": policy.allowed_encodings is not None,
+            "allowed_encodings": list(policy.allowed_encodings or ()),
+            "max_payload_bytes": policy.max_payload_bytes,
+            "max_message_bytes": limits.max_message_bytes,
+            "max_custom_entries": policy.max_custom_entries,
+            "max_custom_total_bytes": policy.max_custom_total_bytes,
+            "max_custom_key_bytes": policy.max_custom_key_bytes,
+            "max_queue_name_bytes": limits.max_queue_name_bytes,
+            "max_job_type_bytes": limits.max_job_type_bytes,
+            "max_idempotency_key_bytes": limits.max_idempotency_key_bytes,
+            "max_schedule_horizon_ms": policy.max_schedule_horizon_ms,
+            "max_enqueue_batch": limits.max_enqueue_batch,
+            "max_reserve_batch": limits.max_reserve_batch,
+            "max_reserve_queues": limits.max_reserve_queues,
+            "max_wait_timeout_ms": limits.max_wait_timeout_ms,
+            "max_lease_duration_ms": policy.max_lease_duration_ms,
+            "strict_queues": config.strict_queues,
+            "dead_letter_retention_enabled": config.dead_letter_retention_ms > 0,
+            "dead_letter_retention_ms": config.dead_letter_retention_ms,
+            "persist_mode": engine.options.persist_mode,
+        }
+        self.server.respond_when_durable(
+            self, engine.appended_seq, encode_frame(pm.encode_response(request_id, perr.OK, info))
+        )
+
+    def op_queue_stats(self, request_id: int, body: pm.QueueStatsBody) -> None:
+        server = self.server
+        engine = server.engine
+        assert engine is not None
+        state = engine.state
+        now = server.clock()
+        names = body.queues if body.queues is not None else sorted(state.queues)
+        stats = []
+        for name in names:
+            q = state.queues.get(name)
+            oldest = state.oldest_ready_enqueued_at(name)
+            stats.append(
+                {
+                    "name": name,
+                    "ready": q.ready_count if q else 0,
+                    "scheduled": q.scheduled_count if q else 0,
+                    "in_flight": q.in_flight_count if q else 0,
+                    "dead_lettered": len(q.dead) if q else 0,
+                    "oldest_ready_age_ms": None if oldest is None else max(0, now - oldest),
+                }
+            )
+        server.respond_when_durable(
+            self,
+            engine.appended_seq,
+            encode_frame(pm.encode_response(request_id, perr.OK, {"server_time_ms": now, "queues": stats})),
+        )
+
+
+def _reserve_body(reply: ReserveResult) -> dict[str, Any]:
+    return {"jobs": [job_view_body(j) for j in reply.jobs]}
+
+
+def _ack_body(reply: AckResult) -> dict[str, Any]:
+    return {"job_id": reply.job_id}
+
+
+def _nack_body(reply: NackResult) -> dict[str, Any]:
+    return {"job_id": reply.job_id, "dead_lettered": reply.dead_lettered}
+
+
+def _extend_body(reply: ExtendResult) -> dict[str, Any]:
+    return {"job_id": reply.job_id, "lease_expires_at_ms": reply.lease_expires_at}
+
+
+def _drain_body(reply: DrainResult) -> dict[str, Any]:
+    return {"records": [dead_letter_body(r) for r in reply.records]}
+
+
+_HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
+    pm.OP_HELLO: ClientConnection.op_hello,
+    pm.OP_HEALTH: ClientConnection.op_health,
+    pm.OP_ENQUEUE: ClientConnection.op_enqueue,
+    pm.OP_RESERVE: ClientConnection.op_reserve,
+    pm.OP_ACK: ClientConnection.op_ack,
+    pm.OP_NACK: ClientConnection.op_nack,
+    pm.OP_EXTEND: ClientConnection.op_extend,
+    pm.OP_DRAIN_DEAD_LETTERS: ClientConnection.op_drain_dead_letters,
+    pm.OP_SERVER_INFO: ClientConnection.op_server_info,
+    pm.OP_QUEUE_STATS: ClientConnection.op_queue_stats,
+}

@@ -1,0 +1,559 @@
+"""The storage engine: state machine + write-ahead log + snapshots, with group
+commit.
+
+Owns: `Engine` (open = recover; `execute` = decide, encode, apply, buffer;
+`flush` = one write and one sync for everything buffered; snapshots; retention),
+`GroupCommitter` (the flushing thread), `StorageOptions`, `StorageFailed`.
+
+Promises:
+- Log order is apply order. `execute` returns the *barrier*: the sequence number
+  that must be durable before its reply may be released (its own record, or for a
+  command that logged nothing the last record it may have read). Replies are
+  released in log order, so a later command may read state written by an earlier,
+  not-yet-durable record: its reply waits for a later sync that covers both.
+- One `flush` = one `write` + one sync for every record buffered since the last
+  one; while it runs (GIL released in the syscalls) the writer thread keeps
+  executing into the next batch.
+- Any failed write or sync makes the engine fail permanently (`StorageFailed`):
+  it is never retried; restart and recovery decide what survived.
+- Snapshots never stall the write path for longer than a `fork()`: the child
+  process writes a copy-on-write image of the state while the parent goes on; the
+  snapshot is published (rename + directory sync) only once the log up to its
+  sequence number is durable, then covered segments are deleted (subject to the
+  configured log retention).
+
+Must not import: asyncio, sockets.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from log_format import RECORD_KIND_COMMAND, encode_envelope, encode_record, snapshot_file_name
+from sepp.core.apply import APPLY_TABLE, ApplyError
+from sepp.core.commands import Command
+from sepp.core.config import CoreConfig
+from sepp.core.decide import Decision, decide
+from sepp.core.results import CommandError
+from sepp.core.state import State
+from sepp.storage.fs import FileSystem, RealFileSystem
+from sepp.storage.recovery import (
+    SNAPSHOT_DIR,
+    SNAPSHOT_TMP_SUFFIX,
+    WAL_DIR,
+    RecoveryReport,
+    list_snapshots,
+    recover,
+)
+from sepp.storage.snapshots import write_snapshot_file
+from sepp.storage.wal import (
+    PERSIST_BUFFER,
+    PERSIST_MODES,
+    PERSIST_SYNC_ALL,
+    Hook,
+    SegmentWriter,
+)
+
+log = logging.getLogger("sepp.storage")
+
+SNAPSHOT_FORK = "fork"
+SNAPSHOT_INLINE = "inline"
+SNAPSHOT_AUTO = "auto"
+
+
+class StorageFailed(RuntimeError):
+    """Storage failed for good (a write or sync error, or a bug while applying).
+    Nothing more is accepted; the process should exit and restart."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageOptions:
+    persist_mode: str = PERSIST_SYNC_ALL
+    segment_bytes_max: int = 64 * 1024 * 1024
+    # Take a snapshot once this many log bytes were written since the last one
+    # (0 = only when asked, e.g. at shutdown).
+    snapshot_every_bytes: int = 256 * 1024 * 1024
+    # fork: a child process writes the snapshot (no stall beyond fork itself).
+    # inline: serialize on the calling thread (tests with a fake file system).
+    snapshot_mode: str = SNAPSHOT_AUTO
+    # Keep covered segments at least this long (by the time of their newest
+    # record) for auditing; 0 = delete as soon as a snapshot covers them.
+    log_retention_ms: int = 0
+    # Snapshots kept; segments are deleted only below the oldest kept snapshot, so
+    # a damaged newest snapshot can fall back to an older one.
+    snapshots_kept: int = 2
+    # buffer mode: how often the group committer syncs buffered writes.
+    buffer_flush_interval_ms: int = 1000
+
+    def validate(self) -> None:
+        if self.persist_mode not in PERSIST_MODES:
+            raise ValueError(f"persist_mode must be one of {', '.join(PERSIST_MODES)}")
+        if self.segment_bytes_max < 4096:
+            raise ValueError("segment_bytes_max must be at least 4096")
+        if self.snapshot_every_bytes < 0:
+            raise ValueError("snapshot_every_bytes must not be negative")
+        if self.snapshot_mode not in (SNAPSHOT_FORK, SNAPSHOT_INLINE, SNAPSHOT_AUTO):
+            raise ValueError("snapshot_mode must be fork, inline or auto")
+        if self.log_retention_ms < 0:
+            raise ValueError("log_retention_ms must not be negative")
+        if self.snapshots_kept < 1:
+            raise ValueError("snapshots_kept must be at least 1")
+        if self.buffer_flush_interval_ms < 1:
+            raise ValueError("buffer_flush_interval_ms must be at least 1")
+
+
+class Engine:
+    """Single-writer storage engine. `execute` is called from one thread (the
+    writer); `flush` from one flushing thread at a time (or the writer itself)."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        data_dir: str,
+        state: State,
+        writer: SegmentWriter,
+        next_seq: int,
+        options: StorageOptions,
+        report: RecoveryReport,
+        hook: Hook | None,
+    ) -> None:
+        self.fs = fs
+        self.data_dir = data_dir
+        self.state = state
+        self.options = options
+        self.recovery_report = report
+        self._writer = writer
+        self._hook = hook or (lambda point: None)
+        self.snap_dir = os.path.join(data_dir, SNAPSHOT_DIR)
+        self.wal_dir = os.path.join(data_dir, WAL_DIR)
+        # Sequence numbers: appended (buffered, applied) and durable (written and
+        # synced per the persist mode).
+        self.appended_seq = next_seq - 1
+        self.durable_seq = next_seq - 1
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._pending_time_ms = 0
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._durable_cond = threading.Condition(threading.Lock())
+        self.failure: BaseException | None = None
+        self.closed = False
+        self._bytes_since_snapshot = 0
+        self._snapshot_thread: threading.Thread | None = None
+        snaps = list_snapshots(fs, self.snap_dir)
+        self.snapshot_seq = snaps[-1][0] if snaps else 0
+        self.snapshot_error: BaseException | None = None
+        mode = options.snapshot_mode
+        if mode == SNAPSHOT_AUTO:
+            mode = SNAPSHOT_FORK if fs.supports_fork and hasattr(os, "fork") else SNAPSHOT_INLINE
+        self.snapshot_mode = mode
+        self.stats = {"flushes": 0, "records": 0, "bytes": 0, "snapshots": 0}
+
+    # -- opening -------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str,
+        config: CoreConfig | None = None,
+        options: StorageOptions | None = None,
+        *,
+        fs: FileSystem | None = None,
+        hook: Hook | None = None,
+    ) -> Engine:
+        """Recover the data directory (creating it if needed) and open the log for
+        appending. Raises RecoveryError if the directory needs an operator."""
+        options = options or StorageOptions()
+        options.validate()
+        fs = fs or RealFileSystem()
+        config = config or CoreConfig()
+        fs.makedirs(data_dir)
+        # Recovery builds millions of long-lived objects; the cyclic garbage
+        # collector would rescan them all again and again (it halves replay speed).
+        # Off while recovering, then the recovered heap is frozen out of its reach.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            recovered = recover(fs, data_dir, config)
+        finally:
+            gc.freeze()
+            if gc_was_enabled:
+                gc.enable()
+        writer = SegmentWriter(
+            fs,
+            os.path.join(data_dir, WAL_DIR),
+            recovered.segments,
+            persist_mode=options.persist_mode,
+            segment_bytes_max=options.segment_bytes_max,
+            next_seq=recovered.next_seq,
+            hook=hook,
+        )
+        return cls(
+            fs,
+            data_dir,
+            recovered.state,
+            writer,
+            recovered.next_seq,
+            options,
+            recovered.report,
+            hook,
+        )
+
+    @property
+    def segments(self) -> list[Any]:
+        with self._writer.lock:
+            return list(self._writer.segments)
+
+    # -- the write path ------------------------------------------------------
+
+    def execute(self, command: Command, now_ms: int) -> tuple[Decision | CommandError, int]:
+        """Decide and apply `command`, buffering its record. Returns the decision
+        and the barrier sequence number its reply must wait for."""
+        if self.failure is not None:
+            raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
+        state = self.state
+        decision = decide(state, command, now_ms)
+        if type(decision) is not Decision or not decision.events:
+            return decision, self.appended_seq
+        events = decision.events
+        time_ms = decision.time_ms
+        # Encode before applying: if a value cannot be encoded, nothing changed.
+        seq = self.appended_seq + 1
+        record = encode_record(
+            seq,
+            RECORD_KIND_COMMAND,
+            # [type, version, *fields]: events.to_fields, inlined (hot path).
+            encode_envelope(time_ms, command.kind, [[e.TYPE, e.VERSION, *e] for e in events]),
+        )
+        try:
+            if time_ms > state.clock_ms:
+                state.clock_ms = time_ms
+            table = APPLY_TABLE
+            for event in events:
+                table[event.TYPE](state, event)  # type: ignore[misc]
+        except ApplyError as exc:
+            # The state may be half-changed: stop everything; recovery from the
+            # log (which does not hold this record) rebuilds a consistent state.
+            self._fail(exc)
+            raise StorageFailed(f"apply failed: {exc}") from exc
+        with self._lock:
+            self._pending.append(record)
+            self._pending_time_ms = time_ms
+            self.appended_seq = seq
+        self._bytes_since_snapshot += len(record)
+        return decision, seq
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def flush(self) -> int:
+        """Write and sync everything buffered (one write, one sync). Returns the
+        durable sequence number. Thread-safe against `execute`."""
+        with self._flush_lock:
+            if self.failure is not None:
+                raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
+            with self._lock:
+                batch = self._pending
+                if not batch:
+                    return self.durable_seq
+                self._pending = []
+                last_seq = self.appended_seq
+                time_ms = self._pending_time_ms
+            first_seq = last_seq - len(batch) + 1
+            data = b"".join(batch)
+            try:
+                self._writer.append(data, first_seq, last_seq, time_ms)
+            except OSError as exc:
+                self._fail(exc)
+                raise StorageFailed(f"log write failed: {exc}") from exc
+            self.stats["flushes"] += 1
+            self.stats["records"] += len(batch)
+            self.stats["bytes"] += len(data)
+            with self._durable_cond:
+                self.durable_seq = last_seq
+                self._durable_cond.notify_all()
+            return last_seq
+
+    def sync(self) -> None:
+        """buffer mode: make written records durable (the periodic flush)."""
+        with self._flush_lock:
+            if self.failure is not None:
+                raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
+            try:
+                self._writer.sync()
+            except OSError as exc:
+                self._fail(exc)
+                raise StorageFailed(f"log sync failed: {exc}") from exc
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+            log.error("storage failed permanently: %s", exc)
+        with self._durable_cond:
+            self._durable_cond.notify_all()
+
+    def wait_durable(self, seq: int, timeout: float | None = None) -> bool:
+        """Block until `seq` is durable (or the engine failed/closed)."""
+        with self._durable_cond:
+            return (
+                self._durable_cond.wait_for(
+                    lambda: self.durable_seq >= seq or self.failure is not None or self.closed,
+                    timeout,
+                )
+                and self.durable_seq >= seq
+            )
+
+    # -- snapshots -----------------------------------------------------------
+
+    def snapshot_due(self) -> bool:
+        every = self.options.snapshot_every_bytes
+        return (
+            every > 0
+            and self._bytes_since_snapshot >= every
+            and self._snapshot_thread is None
+            and self.failure is None
+        )
+
+    def snapshot_running(self) -> bool:
+        return self._snapshot_thread is not None
+
+    def start_snapshot(self) -> bool:
+        """Begin a snapshot of the current state (call on the writer thread,
+        between commands). False if one is running or nothing changed."""
+        if self._snapshot_thread is not None or self.failure is not None:
+            return False
+        seq = self.appended_seq
+        if seq == self.snapshot_seq:
+            return False
+        tmp = os.path.join(self.snap_dir, snapshot_file_name(seq) + SNAPSHOT_TMP_SUFFIX)
+        self._bytes_since_snapshot = 0
+        if self.snapshot_mode == SNAPSHOT_FORK:
+            pid = self._fork_snapshot_writer(tmp, seq)
+            target: Callable[[], None] = lambda: self._finish_snapshot(seq, tmp, pid)  # noqa: E731
+        else:
+            try:
+                write_snapshot_file(self.fs, tmp, self.state, seq)
+            except OSError as exc:
+                self.snapshot_error = exc
+                log.error("snapshot %d failed: %s", seq, exc)
+                # A half-written temp file would make every retry at this seq fail
+                # (create is exclusive) and hold space on a full disk.
+                self._remove_quietly(tmp)
+                return False
+            target = lambda: self._finish_snapshot(seq, tmp, None)  # noqa: E731
+        thread = threading.Thread(target=target, name=f"sepp-snapshot-{seq}", daemon=True)
+        self._snapshot_thread = thread
+        thread.start()
+        return True
+
+    def _fork_snapshot_writer(self, tmp: str, seq: int) -> int:
+        # Freeze the heap so the child's garbage collector does not touch (and
+        # copy) every page; the child only reads the state and writes one file.
+        gc.freeze()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child process
+            status = 1
+            try:
+                gc.disable()
+                write_snapshot_file(self.fs, tmp, self.state, seq)
+                status = 0
+            except BaseException:
+                status = 1
+            finally:
+                os._exit(status)
+        gc.unfreeze()
+        return pid
+
+    def _finish_snapshot(self, seq: int, tmp: str, pid: int | None) -> None:
+        try:
+            if pid is not None:
+                _, status = os.waitpid(pid, 0)
+                if status != 0:
+                    raise OSError(f"snapshot writer process exited with status {status}")
+            # Publish only what the log can back: a snapshot newer than the durable
+            # log would make recovery refuse to start after a crash.
+            while not self.wait_durable(seq, timeout=1.0):
+                if self.failure is not None or self.closed:
+                    raise OSError("storage stopped before the snapshot's log was durable")
+            if self.options.persist_mode == PERSIST_BUFFER:
+                # In buffer mode durable_seq means written, not synced: without this
+                # sync a crash could keep the snapshot but lose the log under it, and
+                # recovery would refuse to start (snapshot newer than the log).
+                try:
+                    self.sync()
+                except StorageFailed as exc:
+                    raise OSError(f"log sync before publishing failed: {exc}") from exc
+            final = tmp[: -len(SNAPSHOT_TMP_SUFFIX)]
+            self._hook("snapshot.before_rename")
+            self.fs.rename(tmp, final)
+            self._hook("snapshot.after_rename")
+            self.fs.fsync_dir(self.snap_dir)
+            self._hook("snapshot.published")
+            self.snapshot_seq = seq
+            self.stats["snapshots"] += 1
+            self.apply_retention()
+        except OSError as exc:
+            self.snapshot_error = exc
+            log.error("snapshot %d not published: %s", seq, exc)
+            self._remove_quietly(tmp)
+        finally:
+            self._snapshot_thread = None
+
+    def _remove_quietly(self, path: str) -> None:
+        """Best-effort removal of a snapshot temp file (recovery deletes leftovers)."""
+        try:
+            if self.fs.exists(path):
+                self.fs.remove(path)
+        except OSError:
+            pass
+
+    def wait_snapshot(self, timeout: float | None = None) -> None:
+        thread = self._snapshot_thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def snapshot_now(self) -> int:
+        """Take and publish a snapshot synchronously (shutdown, tests)."""
+        self.wait_snapshot()
+        if self.start_snapshot():
+            self.flush()
+            self.wait_snapshot()
+        if self.snapshot_error is not None:
+            error, self.snapshot_error = self.snapshot_error, None
+            raise StorageFailed(f"snapshot failed: {error}") from error
+        return self.snapshot_seq
+
+    # -- retention -----------------------------------------------------------
+
+    def apply_retention(self) -> list[str]:
+        """Delete old snapshots beyond `snapshots_kept`, then segments wholly
+        below the oldest kept snapshot (and older than the log retention)."""
+        removed: list[str] = []
+        snaps = list_snapshots(self.fs, self.snap_dir)
+        keep = snaps[-self.options.snapshots_kept :]
+        for _seq, path in snaps[: len(snaps) - len(keep)]:
+            self._hook("retention.before_delete")
+            self.fs.remove(path)
+            removed.append(path)
+        if removed:
+            self.fs.fsync_dir(self.snap_dir)
+        if not keep:
+            return removed
+        base = keep[0][0]
+        now_ms = self.state.clock_ms
+        retention = self.options.log_retention_ms
+        deleted_segments = False
+        while True:
+            with self._writer.lock:
+                segments = self._writer.segments
+                if len(segments) < 2:
+                    break
+                first, second = segments[0], segments[1]
+                covered = second.first_seq - 1 <= base
+                old_enough = retention == 0 or first.last_time_ms <= now_ms - retention
+                if not (covered and old_enough):
+                    break
+            self._hook("retention.before_delete")
+            self.fs.remove(first.path)
+            self._hook("retention.after_delete")
+            with self._writer.lock:
+                segments.pop(0)
+            removed.append(first.path)
+            deleted_segments = True
+        if deleted_segments:
+            self.fs.fsync_dir(self.wal_dir)
+        return removed
+
+    # -- shutdown ------------------------------------------------------------
+
+    def close(self, *, snapshot: bool = False) -> None:
+        """Flush, optionally snapshot, and close the log."""
+        if self.closed:
+            return
+        try:
+            if self.failure is None:
+                self.flush()
+                if snapshot:
+                    self.snapshot_now()
+            self.wait_snapshot()
+        finally:
+            self.closed = True
+            with self._durable_cond:
+                self._durable_cond.notify_all()
+            if self.failure is None:
+                self._writer.close()
+
+
+class GroupCommitter:
+    """The flushing thread: whenever records are buffered, write and sync them in
+    one go and report the new durable sequence number.
+
+    `on_durable(seq)` and `on_failure(exc)` are called from this thread; an
+    asyncio server passes `loop.call_soon_threadsafe` wrappers."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        on_durable: Callable[[int], None],
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        self.engine = engine
+        self.on_durable = on_durable
+        self.on_failure = on_failure
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="sepp-group-commit", daemon=True)
+        buffered = engine.options.persist_mode == PERSIST_BUFFER
+        self._sync_interval_s = engine.options.buffer_flush_interval_ms / 1000 if buffered else None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Tell the flusher there is work. Cheap when it is already awake."""
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Flush what is buffered and stop the thread."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        engine = self.engine
+        interval = self._sync_interval_s
+        last_sync = time.monotonic()
+        while True:
+            self._wake.wait(interval)
+            self._wake.clear()
+            try:
+                if engine.has_pending():
+                    seq = engine.flush()
+                    self.on_durable(seq)
+                if interval is not None and time.monotonic() - last_sync >= interval:
+                    # buffer mode's loss window: what was written since the last
+                    # sync, at most `buffer_flush_interval_ms` old.
+                    engine.sync()
+                    last_sync = time.monotonic()
+            except StorageFailed as exc:
+                self.on_failure(exc)
+                return
+            except BaseException as exc:  # a bug in a callback: report, never hide
+                engine._fail(exc)
+                self.on_failure(exc)
+                return
+            if self._stopping and not engine.has_pending():
+                if interval is not None:
+                    try:
+                        engine.sync()
+                    except StorageFailed as exc:
+                        self.on_failure(exc)
+                return

@@ -1,0 +1,276 @@
+"""An in-memory, fault-injecting file system for crash tests (LevelDB's
+`FaultInjectionTestEnv`, in Python).
+
+Owns: `FaultyFileSystem`, a fake of the `fs.FileSystem` seam that remembers what
+is durable and what is not, and can
+
+- **crash**: forget every byte written since the file's last sync (optionally
+  keeping a torn prefix of it), and forget every create, rename and remove whose
+  directory was not synced since;
+- **fail** a chosen operation with an `OSError` (ENOSPC, EIO, ...), once or for good;
+- **run a hook** before every operation (tests raise `SimulatedCrash` from it to
+  stop the process at an exact point: between write and sync, mid-rotation, ...);
+- **flip bits** and **cap capacity**.
+
+Promises: the model is stricter than ext4 (a new file's directory entry is lost
+unless its directory is synced), so code that survives it survives real disks.
+
+Must not import: asyncio, sockets.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a test hook to stop the "process" at an exact point. A
+    BaseException so that no `except Exception` in the code under test eats it."""
+
+
+@dataclass
+class _Inode:
+    data: bytearray = field(default_factory=bytearray)
+    durable: bytes = b""
+
+
+@dataclass
+class _Dir:
+    entries: dict[str, _Inode] = field(default_factory=dict)
+    durable: dict[str, _Inode] = field(default_factory=dict)
+    subdirs: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Fault:
+    op: str
+    path_contains: str
+    error: int
+    remaining: int  # how many more matching calls fail; -1 = for ever
+    skip: int  # matching calls to let through before failing
+
+
+class FaultyFileSystem:
+    supports_fork = False
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, _Dir] = {"/": _Dir()}
+        self._handles: dict[int, tuple[str, _Inode]] = {}
+        self._next_handle = 3
+        self._faults: list[_Fault] = []
+        self.hook: Callable[[str, str], None] | None = None
+        self.capacity_bytes: int | None = None
+        self.ops: list[tuple[str, str]] = []
+        self.record_ops = False
+
+    # -- helpers -------------------------------------------------------------
+
+    @staticmethod
+    def _split(path: str) -> tuple[str, str]:
+        path = os.path.normpath(path)
+        return os.path.dirname(path) or "/", os.path.basename(path)
+
+    def _dir(self, path: str) -> _Dir:
+        path = os.path.normpath(path)
+        d = self._dirs.get(path)
+        if d is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        return d
+
+    def _inode(self, path: str) -> _Inode:
+        parent, name = self._split(path)
+        inode = self._dir(parent).entries.get(name)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return inode
+
+    def _op(self, op: str, path: str) -> None:
+        if self.record_ops:
+            self.ops.append((op, path))
+        if self.hook is not None:
+            self.hook(op, path)
+        for fault in self._faults:
+            if fault.op == op and fault.path_contains in path and fault.remaining != 0:
+                if fault.skip > 0:
+                    fault.skip -= 1
+                    continue
+                if fault.remaining > 0:
+                    fault.remaining -= 1
+                raise OSError(fault.error, f"injected {errno.errorcode[fault.error]} on {op}", path)
+
+    def _used_bytes(self) -> int:
+        return sum(len(i.data) for d in self._dirs.values() for i in d.entries.values())
+
+    # -- fault control -------------------------------------------------------
+
+    def fail(
+        self,
+        op: str,
+        error: int = errno.EIO,
+        *,
+        path_contains: str = "",
+        times: int = 1,
+        after: int = 0,
+    ) -> None:
+        """Make the next `times` calls of `op` (after letting `after` through) whose
+        path contains `path_contains` raise OSError(error). times=-1: for ever."""
+        self._faults.append(_Fault(op, path_contains, error, times, after))
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
+
+    def crash(self, rng: random.Random | None = None, *, tear: bool = False) -> None:
+        """Lose everything that was not durable. With `tear`, each file keeps a
+        random prefix of its unsynced bytes, as a torn last write would."""
+        for d in self._dirs.values():
+            d.entries = dict(d.durable)
+            inodes = {id(i): i for i in d.entries.values()}
+            for inode in inodes.values():
+                kept = inode.durable
+                unsynced = bytes(inode.data[len(inode.durable) :])
+                if (
+                    tear
+                    and rng is not None
+                    and unsynced
+                    and inode.data[: len(inode.durable)] == inode.durable
+                ):
+                    kept = kept + unsynced[: rng.randrange(len(unsynced) + 1)]
+                inode.data = bytearray(kept)
+                inode.durable = bytes(kept)
+        self._handles.clear()
+        self._faults.clear()
+
+    def flip_bit(self, path: str, offset: int, bit: int = 0) -> None:
+        inode = self._inode(path)
+        inode.data[offset] ^= 1 << bit
+        durable = bytearray(inode.durable)
+        if offset < len(durable):
+            durable[offset] ^= 1 << bit
+            inode.durable = bytes(durable)
+
+    def put(self, path: str, data: bytes) -> None:
+        """Place a file with durable content (test setup, no hooks or faults)."""
+        parent, name = self._split(path)
+        d = self._dir(parent)
+        inode = _Inode(bytearray(data), bytes(data))
+        d.entries[name] = inode
+        d.durable[name] = inode
+
+    def durable_files(self) -> dict[str, bytes]:
+        out = {}
+        for dpath, d in self._dirs.items():
+            for name, inode in d.durable.items():
+                out[os.path.join(dpath, name)] = inode.durable
+        return out
+
+    # -- the seam ------------------------------------------------------------
+
+    def makedirs(self, path: str) -> None:
+        path = os.path.normpath(path)
+        parts = []
+        while path not in self._dirs:
+            parts.append(path)
+            path = os.path.dirname(path) or "/"
+        for p in reversed(parts):
+            self._op("makedirs", p)
+            self._dirs[p] = _Dir()
+            self._dirs[os.path.dirname(p) or "/"].subdirs.add(os.path.basename(p))
+
+    def listdir(self, path: str) -> list[str]:
+        d = self._dir(path)
+        return sorted(set(d.entries) | d.subdirs)
+
+    def exists(self, path: str) -> bool:
+        path = os.path.normpath(path)
+        if path in self._dirs:
+            return True
+        parent, name = self._split(path)
+        d = self._dirs.get(parent)
+        return d is not None and name in d.entries
+
+    def size(self, path: str) -> int:
+        return len(self._inode(path).data)
+
+    def read(self, path: str) -> bytes:
+        self._op("read", path)
+        return bytes(self._inode(path).data)
+
+    def _open(self, path: str, inode: _Inode) -> int:
+        handle = self._next_handle
+        self._next_handle += 1
+        self._handles[handle] = (path, inode)
+        return handle
+
+    def create(self, path: str) -> int:
+        self._op("create", path)
+        parent, name = self._split(path)
+        d = self._dir(parent)
+        if name in d.entries:
+            raise FileExistsError(errno.EEXIST, "file exists", path)
+        inode = _Inode()
+        d.entries[name] = inode
+        return self._open(path, inode)
+
+    def open_append(self, path: str) -> int:
+        self._op("open_append", path)
+        return self._open(path, self._inode(path))
+
+    def _handle(self, handle: int) -> tuple[str, _Inode]:
+        try:
+            return self._handles[handle]
+        except KeyError:
+            raise OSError(errno.EBADF, "bad handle") from None
+
+    def write(self, handle: int, data: bytes | bytearray | memoryview) -> None:
+        path, inode = self._handle(handle)
+        self._op("write", path)
+        if self.capacity_bytes is not None and self._used_bytes() + len(data) > self.capacity_bytes:
+            room = max(0, self.capacity_bytes - self._used_bytes())
+            inode.data += bytes(data[:room])  # a short write, then the error
+            raise OSError(errno.ENOSPC, "no space left on device", path)
+        inode.data += bytes(data)
+
+    def fsync(self, handle: int) -> None:
+        path, inode = self._handle(handle)
+        self._op("fsync", path)
+        inode.durable = bytes(inode.data)
+
+    def fdatasync(self, handle: int) -> None:
+        path, inode = self._handle(handle)
+        self._op("fdatasync", path)
+        inode.durable = bytes(inode.data)
+
+    def close(self, handle: int) -> None:
+        self._handles.pop(handle, None)
+
+    def truncate(self, path: str, size: int) -> None:
+        self._op("truncate", path)
+        inode = self._inode(path)
+        del inode.data[size:]
+        inode.durable = bytes(inode.data)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._op("rename", dst)
+        sparent, sname = self._split(src)
+        dparent, dname = self._split(dst)
+        sd = self._dir(sparent)
+        inode = sd.entries.pop(sname, None)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", src)
+        self._dir(dparent).entries[dname] = inode
+
+    def remove(self, path: str) -> None:
+        self._op("remove", path)
+        parent, name = self._split(path)
+        d = self._dir(parent)
+        if d.entries.pop(name, None) is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+
+    def fsync_dir(self, path: str) -> None:
+        self._op("fsync_dir", path)
+        d = self._dir(path)
+        d.durable = dict(d.entries)

@@ -1,0 +1,133 @@
+"""The file-system seam: the few file operations storage performs, behind one
+small interface that tests replace with a fault-injecting fake (`faultfs.py`).
+
+Owns: `FileSystem` (the protocol), `RealFileSystem` (plain `os` calls) and
+`StorageCrash`-free error semantics: every method raises `OSError` on failure and
+storage turns any `OSError` from a write or a sync into a permanent failure.
+
+Promises: the seam is deliberately tiny, so a fake can model exactly what a crash
+can lose: bytes written but not synced, files created or renamed but whose
+directory was not synced.
+
+Must not import: asyncio, sockets.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+
+class FileSystem(Protocol):
+    def makedirs(self, path: str) -> None: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int: ...
+
+    def read(self, path: str) -> bytes:
+        """The whole file."""
+        ...
+
+    def create(self, path: str) -> int:
+        """Create a new, empty file for appending (fails if it exists); a handle."""
+        ...
+
+    def open_append(self, path: str) -> int:
+        """Open an existing file for appending; a handle."""
+        ...
+
+    def write(self, handle: int, data: bytes | bytearray | memoryview) -> None:
+        """Write all of `data` at the end of the file."""
+        ...
+
+    def fsync(self, handle: int) -> None: ...
+
+    def fdatasync(self, handle: int) -> None: ...
+
+    def close(self, handle: int) -> None: ...
+
+    def truncate(self, path: str, size: int) -> None:
+        """Cut the file to `size` bytes and make that durable."""
+        ...
+
+    def rename(self, src: str, dst: str) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the directory's entries (creates, renames, removes) durable."""
+        ...
+
+    @property
+    def supports_fork(self) -> bool:
+        """Whether a forked child can write through this seam (real files only)."""
+        ...
+
+
+class RealFileSystem:
+    """The seam over the real operating system."""
+
+    supports_fork = True
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def create(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+
+    def open_append(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_APPEND)
+
+    def write(self, handle: int, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(handle, view)
+            if written <= 0:  # pragma: no cover - os.write raises instead
+                raise OSError("short write")
+            view = view[written:]
+
+    def fsync(self, handle: int) -> None:
+        os.fsync(handle)
+
+    def fdatasync(self, handle: int) -> None:
+        os.fdatasync(handle)
+
+    def close(self, handle: int) -> None:
+        os.close(handle)
+
+    def truncate(self, path: str, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

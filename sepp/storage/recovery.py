@@ -1,0 +1,315 @@
+"""Crash recovery: rebuild the state from the newest usable snapshot plus the log
+after it, following a decision table.
+
+Owns: `recover()`, `RecoveryReport`, `RecoveryError` and the table below. Each row
+has a test named after it (tests/storage/test_recovery_table.py).
+
+| # | What recovery finds | Decision |
+|---|---|---|
+| 1 | no segments and no snapshot | fresh start at seq 1 |
+| 2 | segments from seq 1, no snapshot | replay everything |
+| 3 | a snapshot at S and segments covering S+1.. | load it, replay records > S |
+| 4 | a torn record at the tail of the **last** segment | truncate it (a crash mid-append, never acknowledged) |
+| 5 | a last segment whose header is torn or zero and holds nothing else | remove it (a crash mid-rotation, before any record) |
+| 6 | damage (torn or not) in a **sealed** segment | refuse to start |
+| 7 | a bad record followed by valid ones, anywhere | refuse to start |
+| 8 | a sequence gap or repeat, inside a segment or between segments | refuse to start |
+| 9 | a bad segment header (not rows 5) or a name/header mismatch | refuse to start |
+| 10 | a snapshot newer than the log | refuse to start |
+| 11 | newest snapshot damaged or incomplete, an older one + the log cover | use the older one, report the skipped file |
+| 12 | no usable snapshot and the log does not start at seq 1 | refuse to start |
+| 13 | a checksummed record that does not decode or apply | refuse to start |
+| 14 | leftover snapshot temp files | delete them |
+
+A refusal raises `RecoveryError` with the file, byte offset, sequence number and
+reason, and points the operator at `sepp-log verify`. Nothing is ever skipped
+silently: one lost JobAcked or JobEnqueued would corrupt everything after it.
+
+Must not import: asyncio, sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from log_format import (
+    FILE_HEADER_BYTES,
+    SEGMENT_MAGIC,
+    CleanEnd,
+    Corruption,
+    FormatError,
+    Record,
+    SegmentHeader,
+    TornTail,
+    decode_envelope,
+    decode_segment_header,
+    parse_segment_file_name,
+    parse_snapshot_file_name,
+    scan_records,
+)
+from sepp.core.apply import APPLY_TABLE, ApplyError
+from sepp.core.config import CoreConfig
+from sepp.core.events import EventDecodeError, from_fields
+from sepp.core.state import State
+from sepp.storage.fs import FileSystem
+from sepp.storage.snapshots import SnapshotError, load_snapshot
+from sepp.storage.wal import Segment
+
+WAL_DIR = "wal"
+SNAPSHOT_DIR = "snapshots"
+SNAPSHOT_TMP_SUFFIX = ".tmp"
+
+
+class RecoveryError(RuntimeError):
+    """The data directory cannot be recovered without an operator."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        seq: int | None = None,
+    ) -> None:
+        parts = [reason]
+        if path is not None:
+            parts.append(f"file {path}")
+        if offset is not None:
+            parts.append(f"offset {offset}")
+        if seq is not None:
+            parts.append(f"seq {seq}")
+        super().__init__(
+            "; ".join(parts) + ". sepp refuses to start rather than lose acknowledged data: run "
+            "`sepp-log verify DATA_DIR` for a full report"
+        )
+        self.reason = reason
+        self.path = path
+        self.offset = offset
+        self.seq = seq
+
+
+@dataclass
+class RecoveryReport:
+    snapshot_path: str | None = None
+    snapshot_seq: int = 0
+    skipped_snapshots: list[tuple[str, str]] = field(default_factory=list)
+    records_replayed: int = 0
+    events_replayed: int = 0
+    truncated: tuple[str, int, int] | None = None  # (path, offset, bytes cut)
+    removed_files: list[str] = field(default_factory=list)
+    ignored_files: list[str] = field(default_factory=list)
+    last_seq: int = 0
+    snapshot_load_s: float = 0.0
+    replay_s: float = 0.0
+
+
+@dataclass
+class Recovered:
+    state: State
+    segments: list[Segment]
+    next_seq: int
+    report: RecoveryReport
+
+
+def _header(data: bytes) -> SegmentHeader | str | None:
+    """The segment header, a reason it is bad, or None if it is torn (a prefix of
+    a header or zeros: what a crash while creating the segment leaves)."""
+    try:
+        return decode_segment_header(data)
+    except FormatError as exc:
+        head = data[: min(len(data), FILE_HEADER_BYTES)]
+        # A strict prefix of a header (the magic so far) or zeros is torn; a whole
+        # 32-byte header that fails its checks is damage (FORMAT.md 5.3), not a crash.
+        if len(data) <= FILE_HEADER_BYTES and not any(head):
+            return None
+        if len(data) < FILE_HEADER_BYTES and SEGMENT_MAGIC.startswith(head[: len(SEGMENT_MAGIC)]):
+            return None
+        return exc.reason
+
+
+def list_snapshots(fs: FileSystem, snap_dir: str) -> list[tuple[int, str]]:
+    out = []
+    for name in fs.listdir(snap_dir):
+        seq = parse_snapshot_file_name(name)
+        if seq is not None:
+            out.append((seq, os.path.join(snap_dir, name)))
+    return sorted(out)
+
+
+def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
+    report = RecoveryReport()
+    wal_dir = os.path.join(data_dir, WAL_DIR)
+    snap_dir = os.path.join(data_dir, SNAPSHOT_DIR)
+    fs.makedirs(wal_dir)
+    fs.makedirs(snap_dir)
+
+    # Row 14: a temp file is a snapshot whose publication never finished.
+    for name in fs.listdir(snap_dir):
+        if name.endswith(SNAPSHOT_TMP_SUFFIX):
+            fs.remove(os.path.join(snap_dir, name))
+            report.removed_files.append(os.path.join(snap_dir, name))
+    seg_files: list[tuple[int, str]] = []
+    for name in fs.listdir(wal_dir):
+        seq = parse_segment_file_name(name)
+        if seq is None:
+            report.ignored_files.append(os.path.join(wal_dir, name))
+        else:
+            seg_files.append((seq, os.path.join(wal_dir, name)))
+    seg_files.sort()
+    if report.removed_files:
+        fs.fsync_dir(snap_dir)
+
+    # Row 5: a last segment that was being created when the process died.
+    if seg_files:
+        last_path = seg_files[-1][1]
+        data = fs.read(last_path)
+        if _header(data) is None:
+            fs.remove(last_path)
+            fs.fsync_dir(wal_dir)
+            report.removed_files.append(last_path)
+            seg_files.pop()
+
+    first_log_seq = seg_files[0][0] if seg_files else None
+
+    # Rows 3, 11, 12: the newest snapshot that loads and that the log continues.
+    state: State | None = None
+    base_seq = 0
+    for snap_seq, path in reversed(list_snapshots(fs, snap_dir)):
+        if first_log_seq is not None and first_log_seq > snap_seq + 1:
+            # The log no longer reaches back to this snapshot; older ones even less.
+            if state is None:
+                raise RecoveryError(
+                    f"log starts at seq {first_log_seq} but the newest usable snapshot "
+                    f"ends at seq {snap_seq}: records {snap_seq + 1}..{first_log_seq - 1} are missing",
+                    path=path,
+                    seq=snap_seq + 1,
+                )
+            break
+        started = time.perf_counter()
+        try:
+            state, base_seq = load_snapshot(fs, path, config)
+        except SnapshotError as exc:
+            report.skipped_snapshots.append((path, exc.reason))
+            continue
+        report.snapshot_load_s = time.perf_counter() - started
+        report.snapshot_path = path
+        report.snapshot_seq = base_seq
+        break
+    if state is None:
+        if report.skipped_snapshots and (first_log_seq is None or first_log_seq > 1):
+            path, reason = report.skipped_snapshots[0]
+            raise RecoveryError(
+                f"no usable snapshot ({reason}) and the log does not start at seq 1", path=path
+            )
+        if first_log_seq is not None and first_log_seq != 1:
+            raise RecoveryError(
+                f"log starts at seq {first_log_seq} and no snapshot covers seqs 1..{first_log_seq - 1}",
+                path=seg_files[0][1],
+                seq=1,
+            )
+        state = State(config)
+
+    started = time.perf_counter()
+    segments: list[Segment] = []
+    expected = seg_files[0][0] if seg_files else base_seq + 1
+    table = APPLY_TABLE
+    for index, (name_seq, path) in enumerate(seg_files):
+        is_last = index == len(seg_files) - 1
+        data = fs.read(path)
+        header = _header(data)
+        if not isinstance(header, SegmentHeader):
+            raise RecoveryError(f"bad segment header: {header or 'torn'}", path=path, offset=0)
+        if header.first_seq != name_seq:
+            raise RecoveryError(
+                f"segment header says first seq {header.first_seq}, its name says {name_seq}",
+                path=path,
+                offset=0,
+            )
+        if header.first_seq != expected:
+            raise RecoveryError(
+                f"sequence gap between segments: expected seq {expected}, segment starts at {header.first_seq}",
+                path=path,
+                offset=0,
+                seq=expected,
+            )
+        segment = Segment(header.first_seq, path, len(data), header.first_seq - 1)
+        last_time = 0
+        last_record: Record | None = None
+        for item in scan_records(data, start_offset=FILE_HEADER_BYTES, expected_seq=expected):
+            if type(item) is Record:
+                seq = item.seq
+                last_record = item
+                if seq > base_seq:
+                    try:
+                        envelope = decode_envelope(item.body)
+                        last_time = envelope.time_ms
+                        last_record = None
+                        if last_time > state.clock_ms:
+                            state.clock_ms = last_time
+                        for fields in envelope.events:
+                            event = from_fields(fields)
+                            table[event.TYPE](state, event)  # type: ignore[misc]
+                            report.events_replayed += 1
+                    except (FormatError, EventDecodeError, ApplyError) as exc:
+                        raise RecoveryError(
+                            f"record does not replay: {exc}", path=path, offset=item.offset, seq=seq
+                        ) from exc
+                    report.records_replayed += 1
+                segment.last_seq = seq
+                expected = seq + 1
+            elif type(item) is CleanEnd:
+                break
+            elif type(item) is TornTail:
+                if not is_last:
+                    raise RecoveryError(
+                        f"sealed segment ends in damage ({item.reason})",
+                        path=path,
+                        offset=item.offset,
+                        seq=expected,
+                    )
+                cut = len(data) - item.offset
+                fs.truncate(path, item.offset)
+                segment.size = item.offset
+                report.truncated = (path, item.offset, cut)
+                break
+            elif type(item) is Corruption:
+                raise RecoveryError(
+                    f"corrupt record ({item.reason})",
+                    path=path,
+                    offset=item.offset,
+                    seq=item.seq if item.seq is not None else expected,
+                )
+        if last_record is not None and last_time == 0:
+            # Records at or below the snapshot are only checksummed, not decoded;
+            # log retention still needs the segment's age, from its last record.
+            try:
+                last_time = decode_envelope(last_record.body).time_ms
+            except FormatError as exc:
+                raise RecoveryError(
+                    f"record does not decode: {exc}",
+                    path=path,
+                    offset=last_record.offset,
+                    seq=last_record.seq,
+                ) from exc
+        segment.last_time_ms = last_time
+        segments.append(segment)
+    report.replay_s = time.perf_counter() - started
+
+    last_log_seq = expected - 1
+    if base_seq > 0 and not seg_files:
+        raise RecoveryError(
+            f"a snapshot at seq {base_seq} exists but the log is missing (no segment files)",
+            path=report.snapshot_path,
+            seq=base_seq,
+        )
+    if base_seq > last_log_seq:
+        raise RecoveryError(
+            f"snapshot at seq {base_seq} is newer than the log, which ends at seq {last_log_seq}",
+            path=report.snapshot_path,
+            seq=base_seq,
+        )
+    next_seq = max(expected, base_seq + 1)
+    report.last_seq = next_seq - 1
+    return Recovered(state, segments, next_seq, report)

@@ -1,0 +1,196 @@
+"""Snapshot files: the whole state at one log sequence number.
+
+Owns: encoding a state into a snapshot file (header + framed records of kinds
+SNAPSHOT_BEGIN, SNAPSHOT_JOBS*, SNAPSHOT_DEDUP*, SNAPSHOT_DEAD_LETTERS*,
+SNAPSHOT_END; bodies are msgpack, specified in log_format/FORMAT.md "Snapshot
+record bodies"), writing it to a temporary file, and loading it back with every
+checksum and count verified.
+
+Promises: `load_snapshot` either returns a state equal (`canonical()`) to the one
+that was written, or raises `SnapshotError` with the offset and reason; a file
+without its END record is never used. Publication (rename, directory sync) is the
+engine's job, after the log covering the snapshot is durable.
+
+Must not import: asyncio, sockets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from log_format import (
+    RECORD_KIND_SNAPSHOT_BEGIN,
+    RECORD_KIND_SNAPSHOT_DEAD_LETTERS,
+    RECORD_KIND_SNAPSHOT_DEDUP,
+    RECORD_KIND_SNAPSHOT_END,
+    RECORD_KIND_SNAPSHOT_JOBS,
+    CleanEnd,
+    FormatError,
+    Record,
+    decode_snapshot_header,
+    encode_record,
+    encode_snapshot_header,
+    parse_snapshot_file_name,
+    scan_snapshot_records,
+)
+from sepp.core.config import CoreConfig
+from sepp.core.snapshot import (
+    SnapshotContentError,
+    StateBuilder,
+    export_dead,
+    export_dedup,
+    export_jobs,
+    export_meta,
+)
+from sepp.core.state import State
+from sepp.storage.fs import FileSystem
+
+# Rows per record: ~1 MiB of 256-byte jobs, so a snapshot of a million jobs is a
+# few hundred records and a reader never holds more than one chunk of raw rows.
+ROWS_PER_RECORD = 2048
+# Bytes gathered before one write() call.
+WRITE_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be used, with where and why."""
+
+    def __init__(self, path: str, reason: str, offset: int | None = None) -> None:
+        where = f" at offset {offset}" if offset is not None else ""
+        super().__init__(f"snapshot {path}{where}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.offset = offset
+
+
+def _chunks(rows: Iterator[list[Any]]) -> Iterator[list[list[Any]]]:
+    chunk: list[list[Any]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == ROWS_PER_RECORD:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def encode_snapshot(state: State, last_seq: int) -> Iterator[bytes]:
+    """The snapshot file as a stream of byte strings (header, then records)."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    yield encode_snapshot_header(last_seq)
+    seq = 1
+    meta = export_meta(state)
+    meta["last_seq"] = last_seq
+    yield encode_record(seq, RECORD_KIND_SNAPSHOT_BEGIN, pack(meta))
+    counts = {"jobs": 0, "dedup": 0, "dead": 0}
+    for kind, name, rows in (
+        (RECORD_KIND_SNAPSHOT_JOBS, "jobs", export_jobs(state)),
+        (RECORD_KIND_SNAPSHOT_DEDUP, "dedup", export_dedup(state)),
+        (RECORD_KIND_SNAPSHOT_DEAD_LETTERS, "dead", export_dead(state)),
+    ):
+        for chunk in _chunks(rows):
+            seq += 1
+            counts[name] += len(chunk)
+            yield encode_record(seq, kind, pack(chunk))
+    seq += 1
+    counts["records"] = seq
+    yield encode_record(seq, RECORD_KIND_SNAPSHOT_END, pack(counts))
+
+
+def write_snapshot_file(fs: FileSystem, path: str, state: State, last_seq: int) -> int:
+    """Write the snapshot to `path` (a new file) and sync it. Returns its size."""
+    handle = fs.create(path)
+    size = 0
+    try:
+        buffer = bytearray()
+        for piece in encode_snapshot(state, last_seq):
+            buffer += piece
+            if len(buffer) >= WRITE_CHUNK_BYTES:
+                fs.write(handle, buffer)
+                size += len(buffer)
+                buffer = bytearray()
+        if buffer:
+            fs.write(handle, buffer)
+            size += len(buffer)
+        fs.fsync(handle)
+    finally:
+        fs.close(handle)
+    return size
+
+
+def _unpack(path: str, record: Record) -> Any:
+    try:
+        return msgpack.unpackb(record.body, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise SnapshotError(
+            path, f"record {record.seq} does not decode: {exc}", record.offset
+        ) from exc
+
+
+def load_snapshot(fs: FileSystem, path: str, config: CoreConfig) -> tuple[State, int]:
+    """Read, verify and rebuild the state of a snapshot file: (state, last_seq)."""
+    data = fs.read(path)
+    try:
+        header = decode_snapshot_header(data)
+    except FormatError as exc:
+        raise SnapshotError(path, f"bad header: {exc.reason}", 0) from exc
+    # Recovery checks that the log reaches back to a snapshot by its file name: a
+    # file whose header disagrees would let replay skip records silently.
+    name_seq = parse_snapshot_file_name(os.path.basename(path))
+    if name_seq is not None and name_seq != header.last_seq:
+        raise SnapshotError(path, f"last_seq {header.last_seq} does not match file name", 0)
+    builder: StateBuilder | None = None
+    ended = False
+    try:
+        for item in scan_snapshot_records(data):
+            if isinstance(item, Record):
+                if ended:
+                    raise SnapshotError(path, "record after SNAPSHOT_END", item.offset)
+                body = _unpack(path, item)
+                kind = item.kind
+                if kind == RECORD_KIND_SNAPSHOT_BEGIN:
+                    if builder is not None or not isinstance(body, dict):
+                        raise SnapshotError(path, "misplaced SNAPSHOT_BEGIN", item.offset)
+                    if body.get("last_seq") != header.last_seq:
+                        raise SnapshotError(
+                            path, "BEGIN last_seq disagrees with the header", item.offset
+                        )
+                    builder = StateBuilder(config, body)
+                    continue
+                if builder is None:
+                    raise SnapshotError(path, "first record is not SNAPSHOT_BEGIN", item.offset)
+                if kind == RECORD_KIND_SNAPSHOT_END:
+                    if not isinstance(body, dict) or body.get("records") != item.seq:
+                        raise SnapshotError(path, "SNAPSHOT_END record count is wrong", item.offset)
+                    ended = True
+                elif not isinstance(body, list):
+                    raise SnapshotError(
+                        path, f"record {item.seq} is not a list of rows", item.offset
+                    )
+                elif kind == RECORD_KIND_SNAPSHOT_JOBS:
+                    builder.add_jobs(body)
+                elif kind == RECORD_KIND_SNAPSHOT_DEDUP:
+                    builder.add_dedup(body)
+                elif kind == RECORD_KIND_SNAPSHOT_DEAD_LETTERS:
+                    builder.add_dead(body)
+            elif isinstance(item, CleanEnd):
+                break
+            else:
+                raise SnapshotError(path, item.reason, item.offset)
+    except SnapshotContentError as exc:
+        raise SnapshotError(path, str(exc)) from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, SnapshotError):
+            raise
+        raise SnapshotError(path, f"malformed rows: {exc}") from exc
+    if builder is None or not ended:
+        raise SnapshotError(path, "incomplete: no SNAPSHOT_END record")
+    try:
+        state = builder.finish()
+    except SnapshotContentError as exc:
+        raise SnapshotError(path, str(exc)) from exc
+    return state, header.last_seq

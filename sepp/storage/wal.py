@@ -1,0 +1,171 @@
+"""The write side of the log: segment files, appends, syncs and rotation.
+
+Owns: `Segment` (what is known of one segment file), `SegmentWriter` (the active
+segment: append a batch, sync it per the persist mode, rotate at a size limit) and
+the persist modes.
+
+Promises:
+- A batch is written with one `write` and made durable with one sync (`sync_all`:
+  fsync; `sync_data`: fdatasync; `buffer`: none here, the group committer syncs on
+  a timer). The caller releases replies only after `append` returns.
+- A new segment's header is written and synced, and its directory synced, before
+  any record goes into it: after a crash a segment either exists with a valid
+  header or holds nothing that was ever acknowledged.
+- Any OSError is passed up unchanged; the engine makes it a permanent failure. A
+  failed sync is never retried (PostgreSQL "fsyncgate": after a failed fsync the
+  kernel may have dropped the dirty pages, so a retry can report success falsely).
+
+Must not import: asyncio, sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from log_format import encode_segment_header, segment_file_name
+from sepp.storage.fs import FileSystem
+
+PERSIST_SYNC_ALL = "sync_all"
+PERSIST_SYNC_DATA = "sync_data"
+PERSIST_BUFFER = "buffer"
+PERSIST_MODES = (PERSIST_SYNC_ALL, PERSIST_SYNC_DATA, PERSIST_BUFFER)
+
+Hook = Callable[[str], None]
+
+
+def _no_hook(point: str) -> None:
+    return None
+
+
+@dataclass
+class Segment:
+    """One segment file. `last_seq` is first_seq - 1 while it holds no record."""
+
+    first_seq: int
+    path: str
+    size: int
+    last_seq: int
+    # Time (ms) of the newest record, for log retention; 0 = unknown / empty.
+    last_time_ms: int = 0
+
+
+class SegmentWriter:
+    """Appends batches of framed records to the active segment. Used by one
+    flushing thread at a time; `segments` is shared with retention under `lock`."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        wal_dir: str,
+        segments: list[Segment],
+        *,
+        persist_mode: str,
+        segment_bytes_max: int,
+        next_seq: int,
+        hook: Hook | None = None,
+    ) -> None:
+        if persist_mode not in PERSIST_MODES:
+            raise ValueError(f"unknown persist mode {persist_mode!r}")
+        self.fs = fs
+        self.wal_dir = wal_dir
+        self.segments = segments
+        self.persist_mode = persist_mode
+        self.segment_bytes_max = segment_bytes_max
+        self.lock = threading.Lock()
+        self._hook = hook or _no_hook
+        self._handle: int | None = None
+        self._unsynced = False
+        if not segments or segments[-1].size >= segment_bytes_max:
+            self._open_new(next_seq)
+        else:
+            self._handle = fs.open_append(segments[-1].path)
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+    def _open_new(self, first_seq: int) -> None:
+        """Create the next segment: header written, file synced, directory synced."""
+        path = os.path.join(self.wal_dir, segment_file_name(first_seq))
+        handle = self.fs.create(path)
+        try:
+            self._hook("rotate.after_create")
+            header = encode_segment_header(first_seq)
+            self.fs.write(handle, header)
+            self.fs.fsync(handle)
+            self._hook("rotate.after_header_sync")
+            self.fs.fsync_dir(self.wal_dir)
+            self._hook("rotate.after_dir_sync")
+        except BaseException:
+            self.fs.close(handle)
+            raise
+        with self.lock:
+            self.segments.append(Segment(first_seq, path, len(header), first_seq - 1))
+        self._handle = handle
+        self._unsynced = False
+
+    def _sync(self, handle: int) -> None:
+        if self.persist_mode == PERSIST_SYNC_DATA:
+            self.fs.fdatasync(handle)
+        else:
+            self.fs.fsync(handle)
+
+    def rotate(self, next_seq: int) -> None:
+        """Seal the active segment (synced, whatever the persist mode) and start a
+        new one whose first record will be `next_seq`."""
+        handle = self._handle
+        if handle is not None:
+            if self._unsynced:
+                self._sync(handle)
+                self._unsynced = False
+            self.fs.close(handle)
+            self._handle = None
+        self._open_new(next_seq)
+
+    def append(self, data: bytes, first_seq: int, last_seq: int, last_time_ms: int) -> None:
+        """Write a batch of framed records (seqs first_seq..last_seq) and make it
+        durable per the persist mode. Rotates first if the active segment is full."""
+        active = self.segments[-1]
+        if active.size >= self.segment_bytes_max and active.last_seq >= active.first_seq:
+            self.rotate(first_seq)
+            active = self.segments[-1]
+        if first_seq != active.last_seq + 1:
+            raise RuntimeError(
+                f"batch starts at seq {first_seq}, segment ends at {active.last_seq}"
+            )
+        handle = self._handle
+        if handle is None:  # pragma: no cover - closed writer
+            raise RuntimeError("segment writer is closed")
+        self.fs.write(handle, data)
+        self._hook("wal.after_write")
+        if self.persist_mode == PERSIST_BUFFER:
+            self._unsynced = True
+        else:
+            self._sync(handle)
+            self._hook("wal.after_sync")
+        with self.lock:
+            active.size += len(data)
+            active.last_seq = last_seq
+            active.last_time_ms = last_time_ms
+
+    def sync(self) -> bool:
+        """Sync the active segment if a buffered write is pending (buffer mode's
+        periodic flush). True if it synced."""
+        if not self._unsynced or self._handle is None:
+            return False
+        self._sync(self._handle)
+        self._unsynced = False
+        return True
+
+    def close(self) -> None:
+        if self._handle is not None:
+            try:
+                if self._unsynced:
+                    self._sync(self._handle)
+                    self._unsynced = False
+            finally:
+                self.fs.close(self._handle)
+                self._handle = None

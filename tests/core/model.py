@@ -1,0 +1,583 @@
+"""A small, obviously-correct reference model of sepp's job semantics.
+
+Written from sepp-semantics.md (§4-§15) and the project decisions listed in the
+test brief, not from the core: plain dicts and lists, linear scans, sorting on
+every reserve, no heaps and no lazy deletion. `test_stateful.py` drives it and the
+real core with the same commands and compares every answer and the observable
+state after every step.
+
+Where the documentation leaves the order of checks open (a job that breaks two
+limits at once), the model answers with the *set* of acceptable rejections or
+error classes, and the comparison accepts any member.
+
+Replies are plain tuples:
+    ("error", {error class names})
+    ("enqueue", [("ok", job_id, deduplicated) | ("rej", {(reason, fields), ...})])
+    ("atomic_rejected", [(index, {(reason, fields), ...})])
+    ("reserve", [delivered job tuple, in the field order of results.JobView])
+    ("ack", job_id) / ("nack", job_id, dead_lettered) / ("extend", job_id, deadline)
+    ("drain", [(job_id, queue, cause, failed_at, final_attempt, reason, attempt)])
+    ("sweep", (promoted, redelivered, dead_lettered, dedup_expired, dead_expired))
+    ("admin", affected ids, refused ids)
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from sepp.core import CoreConfig, NewJob, QueuePolicy
+
+READY = "ready"
+SCHEDULED = "scheduled"
+IN_FLIGHT = "in_flight"
+
+IA = "InvalidArgument"
+NOT_FOUND = "NotFound"
+MISMATCH = "AttemptMismatch"
+PRECONDITION = "FailedPrecondition"
+
+UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+Problems = set[tuple[str, tuple[Any, ...]]]
+
+
+def utf8_len(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def valid_queue_name(name: object) -> bool:
+    """§12: non-empty, not '.' or '..', no '/', no control characters."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and not any(unicodedata.category(c) == "Cc" for c in name)
+    )
+
+
+def canonical_id(job_id: object) -> str | None:
+    if isinstance(job_id, str) and UUID_TEXT.fullmatch(job_id):
+        return job_id.lower()
+    return None
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def policy_delay(policy: QueuePolicy, job_id: str, attempt: int) -> int:
+    """§6 with exact integers: growth, cap, jitter = crc32("id:attempt") mod (d//4+1)."""
+    base = policy.retry_delay_ms
+    if base == 0:
+        return 0
+    if policy.retry_backoff == "exponential":
+        growth = base * 2 ** (attempt - 1)
+    else:
+        growth = base
+    d = min(growth, policy.retry_delay_max_ms, policy.max_schedule_horizon_ms)
+    return d - zlib.crc32(f"{job_id}:{attempt}".encode()) % (d // 4 + 1)
+
+
+@dataclass
+class MJob:
+    job_id: str
+    queue: str
+    job_type: str
+    payload_data: bytes | None
+    payload_encoding: str | None
+    priority: int
+    max_attempts: int
+    enqueued_at: int
+    scheduled_at: int | None
+    traceparent: str | None
+    tracestate: str | None
+    custom: dict[str, Any] | None
+    attempt: int = 1
+    status: str = READY
+    due: int = 0  # Scheduled: when it becomes Ready. In flight: the lease deadline.
+    last_reason: str | None = None
+
+    def delivered(self) -> tuple[Any, ...]:
+        """The job as a worker receives it, in JobView field order."""
+        return (
+            self.job_id,
+            self.queue,
+            self.job_type,
+            self.payload_data,
+            self.payload_encoding,
+            self.priority,
+            self.max_attempts,
+            self.attempt,
+            self.enqueued_at,
+            self.scheduled_at,
+            self.due,
+            self.traceparent,
+            self.tracestate,
+            self.custom,
+        )
+
+
+@dataclass
+class MDeadLetter:
+    job: MJob
+    cause: str
+    failed_at: int
+    final_attempt: int
+    reason: str | None
+
+
+class Model:
+    def __init__(self, config: CoreConfig) -> None:
+        self.config = config
+        self.clock = 0
+        self.jobs: dict[str, MJob] = {}
+        self.queues: set[str] = set(config.queues)
+        self.dedup: dict[tuple[str, str], tuple[str, int]] = {}
+        self.dead: list[MDeadLetter] = []  # in the order the jobs died
+        # Set by each command: its decision time and the queues that gained Ready jobs.
+        self.time = 0
+        self.woken: set[str] = set()
+
+    # -- helpers ---------------------------------------------------------------
+
+    def policy(self, queue: str) -> QueuePolicy:
+        return self.config.queues.get(queue, self.config.defaults)
+
+    def _start(self, now: int) -> int:
+        """Decision time: never before the clock. The clock moves only when the
+        command is answered without a whole-command error (`_commit_time`)."""
+        self.time = max(now, self.clock)
+        self.woken = set()
+        return self.time
+
+    def _commit_time(self) -> None:
+        self.clock = self.time
+
+    def _error(self, *names: str) -> tuple[Any, ...]:
+        return ("error", set(names))
+
+    def live_count(self, queue: str) -> int:
+        return sum(1 for j in self.jobs.values() if j.queue == queue)
+
+    def _kill(self, job: MJob, cause: str, t: int, reason: str | None) -> None:
+        del self.jobs[job.job_id]
+        if self.config.dead_letter_retention_ms > 0:
+            self.dead.append(MDeadLetter(job, cause, t, job.attempt, reason))
+
+    def _make_ready(self, job: MJob) -> None:
+        job.status = READY
+        job.due = 0
+        self.woken.add(job.queue)
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def job_problems(self, job: NewJob, now: int) -> Problems:
+        """Every rejection that applies to `job` on its own (§12, §13)."""
+        lim = self.config.limits
+        out: Problems = set()
+        invalid = ("invalid_request", ())
+        queue = job.queue
+        if not valid_queue_name(queue):
+            out.add(invalid)
+        elif utf8_len(queue) > lim.max_queue_name_bytes:
+            out.add(("queue_name_too_long", (lim.max_queue_name_bytes, utf8_len(queue))))
+        if not job.job_type:
+            out.add(invalid)
+        elif utf8_len(job.job_type) > lim.max_job_type_bytes:
+            out.add(("job_type_name_too_long", (lim.max_job_type_bytes, utf8_len(job.job_type))))
+        data, encoding = job.payload_data, job.payload_encoding
+        if (data is not None or encoding is not None) and (not data or not encoding):
+            out.add(invalid)
+        key = job.idempotency_key
+        if key is not None:
+            if key == "":
+                out.add(invalid)
+            elif utf8_len(key) > lim.max_idempotency_key_bytes:
+                out.add(("idempotency_key_too_long", (lim.max_idempotency_key_bytes, utf8_len(key))))
+        if job.priority is not None and not (is_int(job.priority) and 0 <= job.priority <= 9):
+            out.add(invalid)
+        if job.max_attempts is not None and not (is_int(job.max_attempts) and job.max_attempts >= 1):
+            out.add(invalid)
+        if (job.traceparent is not None or job.tracestate is not None) and not job.traceparent:
+            out.add(invalid)
+        if self.config.strict_queues and queue not in self.config.queues:
+            out.add(("unknown_queue", (queue,)))
+        policy = self.policy(queue)
+        if data is not None and len(data) > policy.max_payload_bytes:
+            out.add(("payload_too_large", (policy.max_payload_bytes, len(data))))
+        allowed = policy.allowed_encodings
+        if allowed is not None and encoding is not None and encoding not in allowed:
+            out.add(("encoding_not_allowed", (encoding, tuple(allowed))))
+        types = policy.allowed_job_types
+        if types is not None and job.job_type not in types:
+            out.add(("job_type_not_allowed", (job.job_type, tuple(types))))
+        out |= self.custom_problems(job.custom, policy)
+        horizon = policy.max_schedule_horizon_ms
+        if job.scheduled_at is not None and job.scheduled_at > now + horizon:
+            out.add(("scheduled_too_far", (horizon, job.scheduled_at)))
+        return out
+
+    @staticmethod
+    def custom_problems(custom: Any, policy: QueuePolicy) -> Problems:
+        if not custom:
+            return set()
+        out: Problems = set()
+        if len(custom) > policy.max_custom_entries:
+            out.add(("custom_entries_too_many", (policy.max_custom_entries, len(custom))))
+        total: int | None = 0
+        for key, value in custom.items():
+            if key == "":
+                out.add(("invalid_request", ()))
+            elif utf8_len(key) > policy.max_custom_key_bytes:
+                out.add(("custom_key_too_long", (key, policy.max_custom_key_bytes, utf8_len(key))))
+            if isinstance(value, bool):
+                size: int | None = 1
+            elif isinstance(value, int):
+                size = 8 if -(2**63) <= value < 2**63 else None
+            elif isinstance(value, float):
+                size = 8
+            elif isinstance(value, str):
+                size = utf8_len(value)
+            else:
+                size = None
+            if size is None:
+                out.add(("invalid_request", ()))
+                total = None
+            elif total is not None:
+                total += utf8_len(key) + size
+        if total is not None and total > policy.max_custom_total_bytes:
+            out.add(("custom_map_too_large", (policy.max_custom_total_bytes, total)))
+        return out
+
+    def dedup_hit(self, queue: str, key: str, now: int) -> str | None:
+        record = self.dedup.get((queue, key))
+        if record is not None and now < record[1]:
+            return record[0]
+        return None
+
+    def enqueue(self, jobs: tuple[NewJob, ...], atomic: bool, now: int) -> tuple[Any, ...]:
+        t = self._start(now)
+        if not jobs or len(jobs) > self.config.limits.max_enqueue_batch:
+            return self._error(IA)
+        results: list[tuple[Any, ...]] = []
+        failures: list[tuple[int, Problems]] = []
+        created: list[MJob] = []
+        new_keys: dict[tuple[str, str], tuple[str, int]] = {}
+        for index, job in enumerate(jobs):
+            problems = self.job_problems(job, t)
+            if problems:
+                results.append(("rej", problems))
+                failures.append((index, problems))
+                continue
+            queue, key = job.queue, job.idempotency_key
+            policy = self.policy(queue)
+            if key is not None:
+                earlier = new_keys.get((queue, key))
+                original = earlier[0] if earlier else self.dedup_hit(queue, key, t)
+                if original is not None:
+                    results.append(("ok", original, True))
+                    continue
+            cap = policy.max_queue_depth
+            pending = sum(1 for c in created if c.queue == queue)
+            if cap is not None and self.live_count(queue) + pending >= cap:
+                problem = {("queue_full", (queue, cap))}
+                results.append(("rej", problem))
+                failures.append((index, problem))
+                continue
+            job_id = job.job_id.lower()
+            max_attempts = policy.default_max_attempts if job.max_attempts is None else job.max_attempts
+            scheduled = job.scheduled_at is not None and job.scheduled_at > t
+            created.append(
+                MJob(
+                    job_id=job_id,
+                    queue=queue,
+                    job_type=job.job_type,
+                    payload_data=job.payload_data,
+                    payload_encoding=job.payload_encoding,
+                    priority=policy.default_priority if job.priority is None else job.priority,
+                    max_attempts=min(max_attempts, policy.max_attempts_ceiling),
+                    enqueued_at=t,
+                    scheduled_at=job.scheduled_at,
+                    traceparent=job.traceparent,
+                    tracestate=job.tracestate,
+                    custom=dict(job.custom) if job.custom else None,
+                    status=SCHEDULED if scheduled else READY,
+                    due=job.scheduled_at if scheduled and job.scheduled_at is not None else 0,
+                )
+            )
+            if key is not None and policy.dedup_window_ms > 0:
+                new_keys[(queue, key)] = (job_id, t + policy.dedup_window_ms)
+            results.append(("ok", job_id, False))
+        self._commit_time()
+        if atomic and failures:
+            return ("atomic_rejected", failures)
+        for new in created:
+            self.jobs[new.job_id] = new
+            self.queues.add(new.queue)
+            if new.status == READY:
+                self.woken.add(new.queue)
+        self.dedup.update(new_keys)
+        return ("enqueue", results)
+
+    # -- reserve -------------------------------------------------------------------
+
+    def reserve(
+        self, queues: tuple[str, ...], lease_ms: int, max_jobs: int, worker_id: str | None, now: int
+    ) -> tuple[Any, ...]:
+        t = self._start(now)
+        lim = self.config.limits
+        errors = set()
+        if not queues or len(queues) > lim.max_reserve_queues:
+            errors.add(IA)
+        for name in queues:
+            if not valid_queue_name(name) or utf8_len(name) > lim.max_queue_name_bytes:
+                errors.add(IA)
+            elif self.config.strict_queues and name not in self.config.queues:
+                errors.add(PRECONDITION)
+        if lease_ms <= 0 or max_jobs < 1 or worker_id == "":
+            errors.add(IA)
+        if errors:
+            return ("error", errors)
+        self._commit_time()
+        cap = min(self.policy(name).max_lease_duration_ms for name in queues)
+        deadline = t + min(lease_ms, cap)
+        want = min(max_jobs, lim.max_reserve_batch)
+        picked: list[MJob] = []
+        for name in dict.fromkeys(queues):
+            ready = [j for j in self.jobs.values() if j.queue == name and j.status == READY]
+            ready.sort(key=lambda j: (-j.priority, j.enqueued_at, j.job_id))
+            picked.extend(ready[: want - len(picked)])
+        for job in picked:
+            job.status = IN_FLIGHT
+            job.due = deadline
+        return ("reserve", [job.delivered() for job in picked])
+
+    # -- ack, nack, extend ------------------------------------------------------
+
+    def _fence(self, job_id: object, attempt: object) -> MJob | tuple[Any, ...]:
+        jid = canonical_id(job_id)
+        if jid is None or not is_int(attempt) or attempt < 1:  # type: ignore[operator]
+            return self._error(IA)
+        job = self.jobs.get(jid)
+        if job is None or job.status != IN_FLIGHT:
+            return self._error(NOT_FOUND)
+        if job.attempt != attempt:
+            return self._error(MISMATCH)
+        return job
+
+    def ack(self, job_id: str, attempt: int, now: int) -> tuple[Any, ...]:
+        self._start(now)
+        job = self._fence(job_id, attempt)
+        if not isinstance(job, MJob):
+            return job
+        self._commit_time()
+        del self.jobs[job.job_id]
+        return ("ack", job.job_id)
+
+    def nack(
+        self,
+        job_id: str,
+        attempt: int,
+        retry: str,
+        delay_ms: int | None,
+        reason: str | None,
+        now: int,
+    ) -> tuple[Any, ...]:
+        t = self._start(now)
+        if retry not in ("default", "delay", "dead_letter"):
+            return self._error(IA)
+        if retry == "delay" and (delay_ms is None or delay_ms < 0):
+            return self._error(IA)
+        job = self._fence(job_id, attempt)
+        if not isinstance(job, MJob):
+            return job
+        self._commit_time()
+        if retry == "dead_letter":
+            self._kill(job, "rejected", t, reason)
+            return ("nack", job.job_id, True)
+        if job.attempt >= job.max_attempts:
+            self._kill(job, "attempts_exhausted", t, reason)
+            return ("nack", job.job_id, True)
+        policy = self.policy(job.queue)
+        if retry == "delay" and delay_ms is not None:
+            delay = min(delay_ms, policy.max_schedule_horizon_ms)
+        else:
+            delay = policy_delay(policy, job.job_id, job.attempt)
+        job.attempt += 1
+        job.last_reason = reason
+        if delay == 0:
+            self._make_ready(job)
+        else:
+            job.status = SCHEDULED
+            job.due = t + delay
+        return ("nack", job.job_id, False)
+
+    def extend(self, job_id: str, attempt: int, lease_ms: int, now: int) -> tuple[Any, ...]:
+        t = self._start(now)
+        if lease_ms <= 0:
+            return self._error(IA)
+        job = self._fence(job_id, attempt)
+        if not isinstance(job, MJob):
+            return job
+        self._commit_time()
+        job.due = t + min(lease_ms, self.policy(job.queue).max_lease_duration_ms)
+        return ("extend", job.job_id, job.due)
+
+    # -- dead letters ----------------------------------------------------------
+
+    def drain(self, queue: str | None, max_records: int, now: int) -> tuple[Any, ...]:
+        self._start(now)
+        if queue == "" or max_records < 1:
+            return self._error(IA)
+        self._commit_time()
+        want = min(max_records, self.config.limits.max_reserve_batch)
+        chosen = [d for d in self.dead if queue is None or d.job.queue == queue][:want]
+        for record in chosen:
+            self.dead.remove(record)
+        return (
+            "drain",
+            [
+                (
+                    d.job.job_id,
+                    d.job.queue,
+                    d.cause,
+                    d.failed_at,
+                    d.final_attempt,
+                    d.reason,
+                    d.job.attempt,
+                )
+                for d in chosen
+            ],
+        )
+
+    def dead_letter_jobs(self, job_ids: tuple[str, ...], reason: str | None, now: int) -> tuple[Any, ...]:
+        t = self._start(now)
+        if len(job_ids) > 100:
+            return self._error(IA)
+        self._commit_time()
+        affected: list[str] = []
+        refused: list[str] = []
+        for raw in job_ids:
+            jid = canonical_id(raw)
+            if jid is not None and jid in affected:
+                continue
+            job = self.jobs.get(jid) if jid is not None else None
+            if job is None or job.status not in (READY, SCHEDULED):
+                refused.append(raw.lower())
+                continue
+            self._kill(job, "admin", t, reason)
+            affected.append(job.job_id)
+        return ("admin", tuple(affected), tuple(refused))
+
+    def requeue(self, job_ids: tuple[str, ...], now: int) -> tuple[Any, ...]:
+        t = self._start(now)
+        if len(job_ids) > 100:
+            return self._error(IA)
+        self._commit_time()
+        affected: list[str] = []
+        refused: list[str] = []
+        for raw in job_ids:
+            jid = canonical_id(raw)
+            if jid is not None and jid in affected:
+                continue
+            record = next((d for d in self.dead if d.job.job_id == jid), None)
+            if record is None:
+                refused.append(raw.lower())
+                continue
+            self.dead.remove(record)
+            job = record.job
+            job.attempt = 1
+            job.enqueued_at = t
+            job.scheduled_at = None
+            job.last_reason = None
+            self._make_ready(job)
+            self.jobs[job.job_id] = job
+            affected.append(job.job_id)
+        return ("admin", tuple(affected), tuple(refused))
+
+    # -- sweep -----------------------------------------------------------------
+
+    def sweep(self, now: int) -> tuple[Any, ...]:
+        """Everything due at `now`, each phase limited to sweep_limit entries taken
+        earliest deadline first (ties by job id, or by queue and key)."""
+        t = self._start(now)
+        self._commit_time()
+        limit = self.config.sweep_limit
+        due = [j for j in self.jobs.values() if j.status == SCHEDULED and j.due <= t]
+        due.sort(key=lambda j: (j.due, j.job_id))
+        for job in due[:limit]:
+            self._make_ready(job)
+        promoted = len(due[:limit])
+
+        expired = [j for j in self.jobs.values() if j.status == IN_FLIGHT and j.due <= t]
+        expired.sort(key=lambda j: (j.due, j.job_id))
+        redelivered = dead_lettered = 0
+        for job in expired[:limit]:
+            if job.attempt >= job.max_attempts:
+                self._kill(job, "lease_expired", t, None)
+                dead_lettered += 1
+            else:
+                job.attempt += 1
+                self._make_ready(job)
+                redelivered += 1
+
+        lapsed = sorted((d, q, k) for (q, k), (_, d) in self.dedup.items() if d <= t)[:limit]
+        for _, queue, key in lapsed:
+            del self.dedup[(queue, key)]
+
+        dead_expired = 0
+        retention = self.config.dead_letter_retention_ms
+        if retention > 0:
+            old = [d for d in self.dead if d.failed_at + retention <= t][:limit]
+            for record in old:
+                self.dead.remove(record)
+            dead_expired = len(old)
+        return ("sweep", (promoted, redelivered, dead_lettered, len(lapsed), dead_expired))
+
+    # -- observation -------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        times = [j.due for j in self.jobs.values() if j.status in (SCHEDULED, IN_FLIGHT)]
+        times.extend(deadline for _, deadline in self.dedup.values())
+        if self.dead and self.config.dead_letter_retention_ms > 0:
+            times.append(self.dead[0].failed_at + self.config.dead_letter_retention_ms)
+        return min(times) if times else None
+
+    def observe(self) -> dict[str, Any]:
+        queues = {}
+        oldest_ready: dict[str, int | None] = {}
+        for name in self.queues:
+            jobs = [j for j in self.jobs.values() if j.queue == name]
+            counts = tuple(sum(1 for j in jobs if j.status == s) for s in (READY, SCHEDULED, IN_FLIGHT))
+            queues[name] = (*counts, sum(1 for d in self.dead if d.job.queue == name))
+            ready = [j.enqueued_at for j in jobs if j.status == READY]
+            oldest_ready[name] = min(ready) if ready else None
+        return {
+            "clock": self.clock,
+            "jobs": {
+                j.job_id: (
+                    j.queue,
+                    j.status,
+                    j.attempt,
+                    j.max_attempts,
+                    j.priority,
+                    j.enqueued_at,
+                    j.scheduled_at,
+                    j.due,
+                    j.last_reason,
+                )
+                for j in self.jobs.values()
+            },
+            "queues": queues,
+            "oldest_ready": oldest_ready,
+            "dead": [
+                (d.job.job_id, d.job.queue, d.cause, d.failed_at, d.final_attempt, d.reason)
+                for d in self.dead
+            ],
+            "dedup": dict(self.dedup),
+            "next_deadline": self.next_deadline(),
+        }

@@ -1,0 +1,149 @@
+"""Fencing of ack, nack and extend by (job_id, attempt) (sepp-semantics.md §7):
+NotFound when there is no in-flight record, AttemptMismatch when someone else
+holds a newer attempt; a fenced command changes nothing and logs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from sepp.core import RETRY_DEAD_LETTER, Ack, Command, CoreConfig, Extend, Nack
+from sepp.core.results import AckResult, AttemptMismatch, ExtendResult, NackResult, NotFound
+from tests.core.helpers import NOW, Harness, make_job, new_id
+
+LEASE = 1_000
+OPERATIONS: dict[str, Callable[[str, int], Command]] = {
+    "ack": lambda job_id, attempt: Ack(job_id=job_id, attempt=attempt),
+    "nack": lambda job_id, attempt: Nack(job_id=job_id, attempt=attempt),
+    "extend": lambda job_id, attempt: Extend(job_id=job_id, attempt=attempt, lease_ms=LEASE),
+}
+
+
+def scenario(name: str) -> tuple[Harness, str, int]:
+    """Set up one fencing situation; return the harness, the id and the attempt
+    the (former) holder would send."""
+    h = Harness(CoreConfig(dead_letter_retention_ms=60_000))
+    [job_id] = h.enqueue(make_job(), now=NOW)
+    h.reserve_one("q", now=NOW, lease_ms=LEASE)
+    if name == "unknown":
+        return h, new_id(), 1
+    if name == "never_reserved":
+        [other] = h.enqueue(make_job(), now=NOW)
+        return h, other, 1
+    if name == "acked":
+        h.ack(job_id, 1, now=NOW + 1)
+    elif name == "dead_lettered":
+        h.nack(job_id, 1, now=NOW + 1, retry=RETRY_DEAD_LETTER)
+    elif name == "expired_and_swept":
+        h.sweep(now=NOW + LEASE)
+        assert h.status(job_id) == "ready"
+    elif name == "between_nack_and_reserve":
+        h.nack(job_id, 1, now=NOW + 1)
+        assert h.status(job_id) == "ready"
+    elif name == "nacked_with_delay":
+        h.nack(job_id, 1, now=NOW + 1, retry="delay", delay_ms=5_000)
+        assert h.status(job_id) == "scheduled"
+    elif name in ("redelivered", "redelivered_after_nack"):
+        if name == "redelivered":
+            h.sweep(now=NOW + LEASE)
+        else:
+            h.nack(job_id, 1, now=NOW + 1)
+        assert h.reserve_one("q", now=NOW + LEASE, lease_ms=LEASE).attempt == 2
+    elif name == "future_attempt":
+        return h, job_id, 2
+    else:  # pragma: no cover - a typo in a row
+        raise AssertionError(name)
+    return h, job_id, 1
+
+
+NOT_FOUND = [
+    pytest.param("unknown", id="an unknown id"),
+    pytest.param("never_reserved", id="a ready job that was never reserved"),
+    pytest.param("acked", id="an acked job"),
+    pytest.param("dead_lettered", id="a dead-lettered job"),
+    pytest.param("expired_and_swept", id="an expired lease the sweep reclaimed"),
+    pytest.param("between_nack_and_reserve", id="a nacked job before the next reserve"),
+    pytest.param("nacked_with_delay", id="a job waiting for its retry delay"),
+]
+MISMATCH = [
+    pytest.param("redelivered", id="a lease reassigned after expiry"),
+    pytest.param("redelivered_after_nack", id="a job redelivered after a nack"),
+    pytest.param("future_attempt", id="an attempt newer than the one in flight"),
+]
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+@pytest.mark.parametrize("situation", NOT_FOUND)
+def test_an_operation_without_an_in_flight_record_is_not_found(
+    situation: str, operation: str
+) -> None:
+    h, job_id, attempt = scenario(situation)
+    before = h.state.canonical()
+
+    error = h.refuse(OPERATIONS[operation](job_id, attempt), now=NOW + LEASE + 1)
+
+    assert type(error) is NotFound
+    assert error.code == "not_found"
+    assert h.state.canonical() == before
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+@pytest.mark.parametrize("situation", MISMATCH)
+def test_an_operation_on_a_reassigned_lease_is_an_attempt_mismatch(
+    situation: str, operation: str
+) -> None:
+    h, job_id, attempt = scenario(situation)
+    holder = h.job(job_id)
+    held = (holder.attempt, holder.due_ms)
+
+    error = h.refuse(OPERATIONS[operation](job_id, attempt), now=NOW + LEASE + 1)
+
+    assert type(error) is AttemptMismatch
+    assert error.code == "failed_precondition"
+    # The rightful holder is untouched and can still finish the job.
+    assert (h.status(job_id), h.job(job_id).attempt, h.job(job_id).due_ms) == ("in_flight", *held)
+    h.ack(job_id, held[0], now=NOW + LEASE + 2)
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+def test_an_operation_after_the_deadline_but_before_the_sweep_is_accepted(
+    operation: str,
+) -> None:
+    h = Harness()
+    [job_id] = h.enqueue(make_job(), now=NOW)
+    deadline = h.reserve_one("q", now=NOW, lease_ms=LEASE).lease_expires_at
+    late = deadline + 500
+
+    reply = h.accept(OPERATIONS[operation](job_id, 1), now=late)
+
+    if operation == "ack":
+        assert reply == AckResult(job_id)
+        assert h.status(job_id) == "gone"
+    elif operation == "nack":
+        assert reply == NackResult(job_id, False)
+        assert (h.status(job_id), h.job(job_id).attempt) == ("ready", 2)
+    else:
+        assert reply == ExtendResult(job_id, late + LEASE)
+        h.sweep(now=late)
+        assert h.status(job_id) == "in_flight"
+
+
+def test_a_fenced_command_does_not_disturb_other_jobs() -> None:
+    h = Harness()
+    a, b = h.enqueue(make_job(), make_job(), now=NOW)
+    h.reserve("q", now=NOW, max_jobs=2)
+    h.refuse(Ack(job_id=a, attempt=7), now=NOW)
+    h.refuse(Ack(job_id=new_id(), attempt=1), now=NOW)
+    h.ack(a, 1, now=NOW)
+    h.ack(b, 1, now=NOW)
+    assert h.state.jobs == {}
+
+
+def test_ids_are_compared_case_insensitively() -> None:
+    h = Harness()
+    [job_id] = h.enqueue(make_job(), now=NOW)
+    h.reserve_one("q", now=NOW)
+    h.extend(job_id.upper(), 1, 10, now=NOW)
+    assert h.ack(job_id.upper(), 1, now=NOW) == AckResult(job_id)

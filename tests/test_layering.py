@@ -1,0 +1,141 @@
+"""The import table of ARCHITECTURE.md, enforced.
+
+Reads every module's import statements (statically, with `ast`) and fails on an
+arrow the table forbids: log_format imports nothing from sepp; the core imports no
+I/O, clock, randomness, logging or asyncio; storage has no asyncio or sockets; the
+protocol has no sockets or asyncio; the client never reaches into the server side.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# folder -> (allowed first-party prefixes, forbidden module prefixes)
+RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "log_format": (
+        ("log_format",),
+        ("sepp", "tools", "asyncio", "socket"),
+    ),
+    "sepp/core": (
+        ("sepp.core",),
+        (
+            "log_format",
+            "tools",
+            "os",
+            "io",
+            "time",
+            "datetime",
+            "random",
+            "secrets",
+            "uuid",
+            "asyncio",
+            "logging",
+            "socket",
+            "threading",
+            "subprocess",
+            "pathlib",
+            "shutil",
+            "tempfile",
+            "sys",
+            "msgpack",
+            "crc32c",
+            "sepp.storage",
+            "sepp.protocol",
+            "sepp.server",
+            "sepp.client",
+        ),
+    ),
+    "sepp/storage": (
+        ("log_format", "sepp.core", "sepp.storage"),
+        ("asyncio", "socket", "ssl", "tools", "sepp.protocol", "sepp.server", "sepp.client"),
+    ),
+    "sepp/protocol": (
+        ("sepp.protocol",),
+        ("asyncio", "socket", "ssl", "selectors", "tools", "log_format", "sepp.core",
+         "sepp.storage", "sepp.server", "sepp.client"),
+    ),
+    "sepp/client": (
+        ("sepp.protocol", "sepp.client"),
+        ("sepp.core", "sepp.storage", "sepp.server", "log_format", "tools"),
+    ),
+    "tools": (
+        ("log_format", "sepp.core", "sepp.storage", "tools"),
+        ("sepp.server", "sepp.client"),
+    ),
+}
+
+FIRST_PARTY = ("sepp", "log_format", "tools")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+    return found
+
+
+def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _cases() -> list[tuple[str, Path]]:
+    cases = []
+    for folder in RULES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            cases.append((folder, path))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("folder", "path"), _cases(), ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else v
+)
+def test_module_imports_only_what_its_layer_may(folder: str, path: Path) -> None:
+    allowed, forbidden = RULES[folder]
+    problems = []
+    for lineno, module in _imports(path):
+        if _matches(module, forbidden):
+            problems.append(f"{path.relative_to(ROOT)}:{lineno} imports {module} (forbidden in {folder})")
+        elif _matches(module, FIRST_PARTY) and not _matches(module, allowed) and module != "sepp":
+            problems.append(f"{path.relative_to(ROOT)}:{lineno} imports {module} (not allowed in {folder})")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_layer_has_modules() -> None:
+    # A rule over an empty folder would pass vacuously.
+    for folder in ("log_format", "sepp/core", "sepp/storage"):
+        assert list((ROOT / folder).rglob("*.py")), folder
+
+
+def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import time\nfrom sepp.storage import Engine\n")
+    modules = [m for _, m in _imports_at(bad)]
+    assert _matches(modules[0], RULES["sepp/core"][1])
+    assert _matches(modules[1], RULES["sepp/core"][1])
+
+
+def _imports_at(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.lineno, node.module or ""))
+    return out
