@@ -60,7 +60,7 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
          "sepp.storage", "sepp.server", "sepp.client"),
     ),
     "sepp/client": (
-        ("sepp.protocol", "sepp.client"),
+        ("sepp.protocol", "sepp.client", "sepp._version"),
         ("sepp.core", "sepp.storage", "sepp.server", "log_format", "tools"),
     ),
     "tools": (

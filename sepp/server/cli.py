@@ -80,14 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server until SIGTERM / Ctrl-C")
-    serve.add_argument("--config", help="TOML config file (default: $SEPP_CONFIG, else ./sepp.toml if present)")
+    serve.add_argument(
+        "--config", help="TOML config file (default: $SEPP_CONFIG, else ./sepp.toml if present)"
+    )
     serve.add_argument("--data-dir", help="data directory (default ./sepp-data)")
-    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:7463; port 0 = any)")
+    serve.add_argument(
+        "--listen", help="HOST:PORT to listen on (default 127.0.0.1:7463; port 0 = any)"
+    )
     serve.add_argument("--persist-mode", choices=PERSIST_MODES, help="default sync_all")
     serve.set_defaults(func=_serve)
 
     config = sub.add_parser("config", help="configuration helpers")
-    config.add_argument("action", choices=["example"], help="example: print a complete commented config")
+    config.add_argument(
+        "action", choices=["example"], help="example: print a complete commented config"
+    )
     config.set_defaults(func=_config)
 
     try:

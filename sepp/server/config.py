@@ -58,7 +58,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "strict_queues": Key("bool", False, "refuse queues that are not declared in [[queues]]"),
         "tls_cert_path": Key("opt_str", None, "PEM certificate; set both or neither"),
         "tls_key_path": Key("opt_str", None, "PEM private key; set both or neither"),
-        "handshake_timeout_ms": Key("int", 10_000, "close connections that send no hello in time", 1),
+        "handshake_timeout_ms": Key(
+            "int", 10_000, "close connections that send no hello in time", 1
+        ),
         "max_connections": Key("int", 1024, "connections beyond this are refused", 1),
         "max_in_flight_per_connection": Key(
             "int", 1024, "requests one connection may have waiting for answers", 1
@@ -76,22 +78,33 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
     },
     "limits": {
-        "max_lease_duration_ms": Key("int", _POLICY_DEFAULTS.max_lease_duration_ms, "lease clamp", 1),
+        "max_lease_duration_ms": Key(
+            "int", _POLICY_DEFAULTS.max_lease_duration_ms, "lease clamp", 1
+        ),
         "default_max_attempts": Key("int", _POLICY_DEFAULTS.default_max_attempts, "", 1),
         "max_attempts_ceiling": Key("int", _POLICY_DEFAULTS.max_attempts_ceiling, "", 1),
         "default_priority": Key("int", _POLICY_DEFAULTS.default_priority, "0..9", 0),
-        "retry_delay_ms": Key("int", _POLICY_DEFAULTS.retry_delay_ms, "base delay of a default nack", 0),
+        "retry_delay_ms": Key(
+            "int", _POLICY_DEFAULTS.retry_delay_ms, "base delay of a default nack", 0
+        ),
         "retry_backoff": Key(
-            "str", _POLICY_DEFAULTS.retry_backoff, "none or exponential", choices=("none", "exponential")
+            "str",
+            _POLICY_DEFAULTS.retry_backoff,
+            "none or exponential",
+            choices=("none", "exponential"),
         ),
         "retry_delay_max_ms": Key("int", _POLICY_DEFAULTS.retry_delay_max_ms, "", 1),
         "max_reserve_batch": Key("int", _LIMIT_DEFAULTS.max_reserve_batch, "", 1),
         "max_reserve_queues": Key("int", _LIMIT_DEFAULTS.max_reserve_queues, "", 1),
-        "max_wait_timeout_ms": Key("int", _LIMIT_DEFAULTS.max_wait_timeout_ms, "long-poll clamp", 0),
+        "max_wait_timeout_ms": Key(
+            "int", _LIMIT_DEFAULTS.max_wait_timeout_ms, "long-poll clamp", 0
+        ),
         "max_enqueue_batch": Key("int", _LIMIT_DEFAULTS.max_enqueue_batch, "", 1),
         "max_queue_depth": Key("opt_int", None, "live jobs per queue; unset = unlimited", 0),
         "max_payload_bytes": Key("int", _POLICY_DEFAULTS.max_payload_bytes, "", 0),
-        "max_message_bytes": Key("int", _LIMIT_DEFAULTS.max_message_bytes, "one request on the wire", 1024),
+        "max_message_bytes": Key(
+            "int", _LIMIT_DEFAULTS.max_message_bytes, "one request on the wire", 1024
+        ),
         "max_custom_entries": Key("int", _POLICY_DEFAULTS.max_custom_entries, "", 0),
         "max_custom_total_bytes": Key("int", _POLICY_DEFAULTS.max_custom_total_bytes, "", 0),
         "max_custom_key_bytes": Key("int", _POLICY_DEFAULTS.max_custom_key_bytes, "", 0),
@@ -102,7 +115,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "allowed_encodings": Key("opt_str_list", None, "unset = any; [] = no payloads"),
     },
     "storage": {
-        "persist_mode": Key("str", "sync_all", "sync_all | sync_data | buffer", choices=PERSIST_MODES),
+        "persist_mode": Key(
+            "str", "sync_all", "sync_all | sync_data | buffer", choices=PERSIST_MODES
+        ),
         "sweep_interval_ms": Key("int", 1000, "longest sleep between sweeps", 1),
         "sweep_limit": Key("int", 10_000, "entries per sweep phase", 1),
         "dedup_window_ms": Key("int", _POLICY_DEFAULTS.dedup_window_ms, "idempotency window", 0),
@@ -113,13 +128,20 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "int", 4096, "commands waiting for the disk before resource_exhausted", 1
         ),
         "segment_bytes_max": Key("int", 64 * 1024 * 1024, "log segment size", 4096),
-        "snapshot_every_bytes": Key("int", 256 * 1024 * 1024, "snapshot after this much log; 0 = only at shutdown", 0),
+        "snapshot_every_bytes": Key(
+            "int", 256 * 1024 * 1024, "snapshot after this much log; 0 = only at shutdown", 0
+        ),
         "log_retention_ms": Key("int", 0, "keep covered log segments this long for audits", 0),
         "snapshots_kept": Key("int", 2, "", 1),
         "buffer_flush_interval_ms": Key("int", 1000, "buffer mode: loss window on an OS crash", 1),
     },
     "logging": {
-        "level": Key("str", "info", "debug | info | warning | error", choices=("debug", "info", "warning", "error")),
+        "level": Key(
+            "str",
+            "info",
+            "debug | info | warning | error",
+            choices=("debug", "info", "warning", "error"),
+        ),
         "format": Key("str", "text", "text | json", choices=("text", "json")),
     },
 }
@@ -283,9 +305,7 @@ def _coerce_api_keys(where: str, value: Any) -> list[dict[str, str]] | None:
     return keys
 
 
-def _merge_section(
-    values: dict[str, dict[str, Any]], section: str, raw: Any, origin: str
-) -> None:
+def _merge_section(values: dict[str, dict[str, Any]], section: str, raw: Any, origin: str) -> None:
     if type(raw) is not dict:
         raise ConfigError(section, f"[{section}] must be a table ({origin})")
     for key, value in raw.items():
@@ -349,9 +369,11 @@ def load_config(
 ) -> ServerConfig:
     """Load and validate. Raises ConfigError naming the key and the problem."""
     env = os.environ if env is None else env
-    values = {section: {k: key.default for k, key in keys.items()} for section, keys in SCHEMA.items()}
+    values = {
+        section: {k: key.default for k, key in keys.items()} for section, keys in SCHEMA.items()
+    }
     queues: list[dict[str, Any]] = []
-    source, explicit = resolve_config_path(path, env)
+    source, _explicit = resolve_config_path(path, env)
     if source is not None:
         try:
             with open(source, "rb") as f:
@@ -390,7 +412,9 @@ def load_config(
 def _cross_validate(config: ServerConfig) -> None:
     server = config.values["server"]
     if (server["tls_cert_path"] is None) != (server["tls_key_path"] is None):
-        raise ConfigError("server.tls_key_path", "tls_cert_path and tls_key_path must be set together")
+        raise ConfigError(
+            "server.tls_key_path", "tls_cert_path and tls_key_path must be set together"
+        )
     parse_listen(server["listen_addr"])
     limits = config.values["limits"]
     if limits["max_queue_name_bytes"] > 65535:
@@ -443,4 +467,3 @@ def example_config() -> str:
         "",
     ]
     return "\n".join(lines)
-

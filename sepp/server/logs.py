@@ -38,7 +38,9 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+            logging.Formatter(
+                "%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"
+            )
         )
     root = logging.getLogger("sepp")
     root.handlers[:] = [handler]

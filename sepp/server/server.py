@@ -22,6 +22,7 @@ Promises:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hmac
 import logging
@@ -59,7 +60,7 @@ from sepp.server.config import ServerConfig
 from sepp.server.ids import JobIds
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
 from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_view_body, new_job
-from sepp.storage import Engine, StorageFailed
+from sepp.storage import Engine, FileSystem, StorageFailed
 
 log = logging.getLogger("sepp.server")
 
@@ -87,8 +88,16 @@ class ParkedReserve:
 
 
 class SeppServer:
-    def __init__(self, config: ServerConfig, *, clock: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        fs: FileSystem | None = None,
+    ) -> None:
         self.config = config
+        # The file system seam (tests pass a FaultyFileSystem); None = the real one.
+        self.fs = fs
         self.core_config = config.core_config()
         self.clock = clock
         self.engine: Engine | None = None
@@ -110,7 +119,9 @@ class SeppServer:
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._sweep_target: int | None = None
         keys = config.api_keys
-        self._api_keys: list[bytes] | None = None if keys is None else [k.key.encode() for k in keys]
+        self._api_keys: list[bytes] | None = (
+            None if keys is None else [k.key.encode() for k in keys]
+        )
         server = config.values["server"]
         self.handshake_timeout_s = server["handshake_timeout_ms"] / 1000
         self.max_connections = server["max_connections"]
@@ -127,7 +138,9 @@ class SeppServer:
         (host, port)."""
         self._loop = asyncio.get_running_loop()
         data_dir = self.config.get("server", "data_dir")
-        self.engine = engine = Engine.open(data_dir, self.core_config, self.config.storage_options())
+        self.engine = engine = Engine.open(
+            data_dir, self.core_config, self.config.storage_options(), fs=self.fs
+        )
         report = engine.recovery_report
         log.info(
             "recovered %s: snapshot seq %d (%.2fs), %d records / %d events replayed (%.2fs), "
@@ -293,14 +306,16 @@ class SeppServer:
                 engine.start_snapshot()
         return decision, barrier
 
-    def respond_when_durable(self, conn: ClientConnection, barrier: int, frame: bytes) -> None:
+    def respond_when_durable(
+        self, conn: ClientConnection, barrier: int, frame: bytes, request_id: int
+    ) -> None:
         pipeline = self.pipeline
         assert pipeline is not None
         future = pipeline.durable(barrier)
         if future is None:
             conn.send_frame(frame)
         else:
-            future.add_done_callback(lambda f: conn.send_after(f, frame))
+            future.add_done_callback(lambda f: conn.send_after(f, frame, request_id))
 
     # -- long polls ------------------------------------------------------------------
 
@@ -322,22 +337,24 @@ class SeppServer:
         for queue in parked.queues:
             waiters = self._parked.get(queue)
             if waiters is not None:
-                try:
+                with contextlib.suppress(ValueError):
                     waiters.remove(parked)
-                except ValueError:
-                    pass
                 if not waiters:
                     del self._parked[queue]
 
-    def _finish_parked(self, parked: ParkedReserve, jobs: tuple[Any, ...], barrier: int = 0) -> None:
+    def _finish_parked(
+        self, parked: ParkedReserve, jobs: tuple[Any, ...], barrier: int = 0
+    ) -> None:
         if parked.done:
             return
         self.unpark(parked)
         frame = encode_frame(
-            pm.encode_response(parked.request_id, perr.OK, {"jobs": [job_view_body(j) for j in jobs]})
+            pm.encode_response(
+                parked.request_id, perr.OK, {"jobs": [job_view_body(j) for j in jobs]}
+            )
         )
         if barrier:
-            self.respond_when_durable(parked.conn, barrier, frame)
+            self.respond_when_durable(parked.conn, barrier, frame, parked.request_id)
         else:
             parked.conn.send_frame(frame)
 
@@ -425,6 +442,8 @@ class ClientConnection(asyncio.Protocol):
         self.parked: set[ParkedReserve] = set()
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
+        # The client half-closed: answer what is in flight, then close.
+        self._eof = False
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -438,7 +457,11 @@ class ClientConnection(asyncio.Protocol):
             self._refuse(perr.UNAVAILABLE, perr.REASON_SHUTTING_DOWN, "the server is shutting down")
             return
         if len(server.connections) >= server.max_connections:
-            log.warning("refused connection from %s: %d connections open", self.peer, len(server.connections))
+            log.warning(
+                "refused connection from %s: %d connections open",
+                self.peer,
+                len(server.connections),
+            )
             self._refuse(perr.RESOURCE_EXHAUSTED, "too_many_connections", "too many connections")
             return
         server.connections.add(self)
@@ -453,6 +476,15 @@ class ClientConnection(asyncio.Protocol):
         )
         self.closed = True
         self.transport.close()
+
+    def eof_received(self) -> bool | None:
+        # A half-close means "no more requests", not "no more answers": commands
+        # already read were applied, and dropping their answers would leave the
+        # client not knowing their outcome. A partial frame can never complete.
+        if self.reader.buffered or self.in_flight <= 0:
+            return None  # the transport closes itself
+        self._eof = True
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -498,8 +530,15 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None:
             return
+        # Judge the client by what it left unread before this response: a single
+        # legal response can be larger than the cap (a reserve of 256 jobs of
+        # 1 MiB each), and a client that reads must not be cut off for it.
+        unread = transport.get_write_buffer_size()
         transport.write(frame)
-        if transport.get_write_buffer_size() > self.server.output_buffer_max:
+        if self._eof and self.in_flight <= 0:
+            self.close()
+            return
+        if unread > self.server.output_buffer_max:
             log.warning(
                 "closing %s: it stopped reading (%d bytes of responses buffered)",
                 self.peer,
@@ -507,35 +546,24 @@ class ClientConnection(asyncio.Protocol):
             )
             self.abort()
 
-    def send_after(self, future: asyncio.Future[None], frame: bytes) -> None:
+    def send_after(self, future: asyncio.Future[None], frame: bytes, request_id: int) -> None:
         if future.cancelled():
             self.in_flight -= 1
+            if self._eof and self.in_flight <= 0:
+                self.close()
             return
-        exc = future.exception()
-        if exc is not None:
-            self.in_flight -= 1
+        if future.exception() is not None:
             # The command's outcome is unknown: it was applied in memory but its
-            # record may not be on disk.
-            self._error_after_failure()
+            # record may not be on disk. Answer this request (by its id, so the
+            # client knows which one); shutdown closes the connection.
+            self.error(
+                request_id,
+                perr.INTERNAL,
+                "storage failed; the outcome of this command is unknown",
+                reason=perr.REASON_STORAGE_FAILED,
+            )
             return
         self.send_frame(frame)
-
-    def _error_after_failure(self) -> None:
-        transport = self.transport
-        if transport is not None and not self.closed:
-            transport.write(
-                encode_frame(
-                    pm.encode_response(
-                        0,
-                        perr.INTERNAL,
-                        pm.error_body(
-                            "storage failed; the outcome of in-flight commands is unknown",
-                            reason=perr.REASON_STORAGE_FAILED,
-                        ),
-                    )
-                )
-            )
-            self.close()
 
     def reply(self, request_id: int, status: str, body: dict[str, Any]) -> None:
         self.send_frame(encode_frame(pm.encode_response(request_id, status, body)))
@@ -556,7 +584,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _handshake_expired(self) -> None:
         if not self.hello_done and not self.closed:
-            log.warning("closing %s: no hello within %.1fs", self.peer, self.server.handshake_timeout_s)
+            log.warning(
+                "closing %s: no hello within %.1fs", self.peer, self.server.handshake_timeout_s
+            )
             self.close()
 
     # -- dispatch ------------------------------------------------------------------------
@@ -591,6 +621,9 @@ class ClientConnection(asyncio.Protocol):
             body = pm.parse_body(request)
         except perr.ProtocolError as exc:
             self.error(request.id, exc.code, exc.message)
+            if not self.hello_done and op == pm.OP_HELLO:
+                # A malformed hello is a failed hello: close, as for a bad key.
+                self.close()
             return
         handler = _HANDLERS[op]
         try:
@@ -598,23 +631,37 @@ class ClientConnection(asyncio.Protocol):
         except Overloaded as exc:
             self.error(request.id, perr.RESOURCE_EXHAUSTED, str(exc), reason=perr.REASON_OVERLOADED)
         except StorageFailed as exc:
-            self.error(request.id, perr.INTERNAL, f"storage failed: {exc}", reason=perr.REASON_STORAGE_FAILED)
+            self.error(
+                request.id,
+                perr.INTERNAL,
+                f"storage failed: {exc}",
+                reason=perr.REASON_STORAGE_FAILED,
+            )
 
     def _check_serving(self, request_id: int) -> bool:
         if self.server.stopping:
             self.error(
-                request_id, perr.UNAVAILABLE, "the server is shutting down", reason=perr.REASON_SHUTTING_DOWN
+                request_id,
+                perr.UNAVAILABLE,
+                "the server is shutting down",
+                reason=perr.REASON_SHUTTING_DOWN,
             )
             return False
         return True
 
-    def _finish(self, request_id: int, decision: Decision | CommandError, barrier: int, body_of: Callable[[Any], dict[str, Any]]) -> None:
+    def _finish(
+        self,
+        request_id: int,
+        decision: Decision | CommandError,
+        barrier: int,
+        body_of: Callable[[Any], dict[str, Any]],
+    ) -> None:
         if type(decision) is not Decision:
             code, body = command_error(decision)  # type: ignore[arg-type]
             frame = encode_frame(pm.encode_response(request_id, code, body))
         else:
             frame = encode_frame(pm.encode_response(request_id, perr.OK, body_of(decision.reply)))
-        self.server.respond_when_durable(self, barrier, frame)
+        self.server.respond_when_durable(self, barrier, frame, request_id)
 
     # -- operations ------------------------------------------------------------------------
 
@@ -630,7 +677,11 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         if not server.check_api_key(body.api_key):
-            log.warning("closing %s: %s", self.peer, "missing API key" if body.api_key is None else "unknown API key")
+            log.warning(
+                "closing %s: %s",
+                self.peer,
+                "missing API key" if body.api_key is None else "unknown API key",
+            )
             self.error(request_id, perr.UNAUTHENTICATED, "missing or unknown API key")
             self.close()
             return
@@ -653,9 +704,13 @@ class ClientConnection(asyncio.Protocol):
     def op_health(self, request_id: int, body: None) -> None:
         server = self.server
         if server.storage_failure is not None:
-            self.reply(request_id, perr.OK, {"status": "not_serving", "reason": "storage failed"})
+            self.reply(
+                request_id, perr.OK, {"status": "not_serving", "reason": perr.REASON_STORAGE_FAILED}
+            )
         elif server.stopping:
-            self.reply(request_id, perr.OK, {"status": "not_serving", "reason": "shutting down"})
+            self.reply(
+                request_id, perr.OK, {"status": "not_serving", "reason": perr.REASON_SHUTTING_DOWN}
+            )
         else:
             self.reply(request_id, perr.OK, {"status": "serving"})
 
@@ -676,7 +731,10 @@ class ClientConnection(asyncio.Protocol):
             self.error(request_id, perr.INVALID_ARGUMENT, "wait_ms must be >= 0")
             return
         command = Reserve(
-            queues=tuple(body.queues), lease_ms=body.lease_ms, max_jobs=body.max_jobs, worker_id=body.worker_id
+            queues=tuple(body.queues),
+            lease_ms=body.lease_ms,
+            max_jobs=body.max_jobs,
+            worker_id=body.worker_id,
         )
         decision, barrier = server.run(command)
         if type(decision) is Decision:
@@ -718,16 +776,25 @@ class ClientConnection(asyncio.Protocol):
         if not self._check_serving(request_id):
             return
         decision, barrier = self.server.run(
-            Extend(job_id=body.job_id, attempt=body.attempt, lease_ms=body.lease_ms, worker_id=body.worker_id)
+            Extend(
+                job_id=body.job_id,
+                attempt=body.attempt,
+                lease_ms=body.lease_ms,
+                worker_id=body.worker_id,
+            )
         )
         self._finish(request_id, decision, barrier, _extend_body)
 
     def op_drain_dead_letters(self, request_id: int, body: pm.DrainBody) -> None:
         if not self._check_serving(request_id):
             return
-        decision, barrier = self.server.run(DrainDeadLetters(queue=body.queue, max_records=body.max_records))
+        decision, barrier = self.server.run(
+            DrainDeadLetters(queue=body.queue, max_records=body.max_records)
+        )
         if type(decision) is Decision and decision.events:
-            log.warning("drain_dead_letters by %s removed %d record(s)", self.peer, len(decision.events))
+            log.warning(
+                "drain_dead_letters by %s removed %d record(s)", self.peer, len(decision.events)
+            )
         self._finish(request_id, decision, barrier, _drain_body)
 
     def op_server_info(self, request_id: int, body: None) -> None:
@@ -763,7 +830,10 @@ class ClientConnection(asyncio.Protocol):
             "persist_mode": engine.options.persist_mode,
         }
         self.server.respond_when_durable(
-            self, engine.appended_seq, encode_frame(pm.encode_response(request_id, perr.OK, info))
+            self,
+            engine.appended_seq,
+            encode_frame(pm.encode_response(request_id, perr.OK, info)),
+            request_id,
         )
 
     def op_queue_stats(self, request_id: int, body: pm.QueueStatsBody) -> None:
@@ -790,7 +860,10 @@ class ClientConnection(asyncio.Protocol):
         server.respond_when_durable(
             self,
             engine.appended_seq,
-            encode_frame(pm.encode_response(request_id, perr.OK, {"server_time_ms": now, "queues": stats})),
+            encode_frame(
+                pm.encode_response(request_id, perr.OK, {"server_time_ms": now, "queues": stats})
+            ),
+            request_id,
         )
 
 

@@ -49,11 +49,10 @@ from log_format import (
     parse_snapshot_file_name,
     scan_records,
 )
-from sepp.core.apply import APPLY_TABLE, ApplyError
 from sepp.core.config import CoreConfig
-from sepp.core.events import EventDecodeError, from_fields
 from sepp.core.state import State
 from sepp.storage.fs import FileSystem
+from sepp.storage.replay import ReplayError, replay_record
 from sepp.storage.snapshots import SnapshotError, load_snapshot
 from sepp.storage.wal import Segment
 
@@ -214,7 +213,6 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     started = time.perf_counter()
     segments: list[Segment] = []
     expected = seg_files[0][0] if seg_files else base_seq + 1
-    table = APPLY_TABLE
     for index, (name_seq, path) in enumerate(seg_files):
         is_last = index == len(seg_files) - 1
         data = fs.read(path)
@@ -243,19 +241,13 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
                 last_record = item
                 if seq > base_seq:
                     try:
-                        envelope = decode_envelope(item.body)
-                        last_time = envelope.time_ms
-                        last_record = None
-                        if last_time > state.clock_ms:
-                            state.clock_ms = last_time
-                        for fields in envelope.events:
-                            event = from_fields(fields)
-                            table[event.TYPE](state, event)  # type: ignore[misc]
-                            report.events_replayed += 1
-                    except (FormatError, EventDecodeError, ApplyError) as exc:
+                        last_time, count = replay_record(state, item.body)
+                    except ReplayError as exc:
                         raise RecoveryError(
                             f"record does not replay: {exc}", path=path, offset=item.offset, seq=seq
                         ) from exc
+                    last_record = None
+                    report.events_replayed += count
                     report.records_replayed += 1
                 segment.last_seq = seq
                 expected = seq + 1

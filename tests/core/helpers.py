@@ -110,9 +110,7 @@ class Harness:
 
     # -- commands ------------------------------------------------------------
 
-    def enqueue_results(
-        self, *jobs: NewJob, now: int, atomic: bool = False
-    ) -> tuple[Any, ...]:
+    def enqueue_results(self, *jobs: NewJob, now: int, atomic: bool = False) -> tuple[Any, ...]:
         reply = self.accept(Enqueue(jobs=tuple(jobs), atomic=atomic), now)
         assert isinstance(reply, EnqueueResult), reply
         return reply.results

@@ -40,7 +40,9 @@ NOT_FOUND = "NotFound"
 MISMATCH = "AttemptMismatch"
 PRECONDITION = "FailedPrecondition"
 
-UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+UUID_TEXT = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
 
 Problems = set[tuple[str, tuple[Any, ...]]]
 
@@ -197,10 +199,14 @@ class Model:
             if key == "":
                 out.add(invalid)
             elif utf8_len(key) > lim.max_idempotency_key_bytes:
-                out.add(("idempotency_key_too_long", (lim.max_idempotency_key_bytes, utf8_len(key))))
+                out.add(
+                    ("idempotency_key_too_long", (lim.max_idempotency_key_bytes, utf8_len(key)))
+                )
         if job.priority is not None and not (is_int(job.priority) and 0 <= job.priority <= 9):
             out.add(invalid)
-        if job.max_attempts is not None and not (is_int(job.max_attempts) and job.max_attempts >= 1):
+        if job.max_attempts is not None and not (
+            is_int(job.max_attempts) and job.max_attempts >= 1
+        ):
             out.add(invalid)
         if (job.traceparent is not None or job.tracestate is not None) and not job.traceparent:
             out.add(invalid)
@@ -289,7 +295,9 @@ class Model:
                 failures.append((index, problem))
                 continue
             job_id = job.job_id.lower()
-            max_attempts = policy.default_max_attempts if job.max_attempts is None else job.max_attempts
+            max_attempts = (
+                policy.default_max_attempts if job.max_attempts is None else job.max_attempts
+            )
             scheduled = job.scheduled_at is not None and job.scheduled_at > t
             created.append(
                 MJob(
@@ -454,7 +462,9 @@ class Model:
             ],
         )
 
-    def dead_letter_jobs(self, job_ids: tuple[str, ...], reason: str | None, now: int) -> tuple[Any, ...]:
+    def dead_letter_jobs(
+        self, job_ids: tuple[str, ...], reason: str | None, now: int
+    ) -> tuple[Any, ...]:
         t = self._start(now)
         if len(job_ids) > 100:
             return self._error(IA)
@@ -552,7 +562,9 @@ class Model:
         oldest_ready: dict[str, int | None] = {}
         for name in self.queues:
             jobs = [j for j in self.jobs.values() if j.queue == name]
-            counts = tuple(sum(1 for j in jobs if j.status == s) for s in (READY, SCHEDULED, IN_FLIGHT))
+            counts = tuple(
+                sum(1 for j in jobs if j.status == s) for s in (READY, SCHEDULED, IN_FLIGHT)
+            )
             queues[name] = (*counts, sum(1 for d in self.dead if d.job.queue == name))
             ready = [j.enqueued_at for j in jobs if j.status == READY]
             oldest_ready[name] = min(ready) if ready else None

@@ -88,7 +88,9 @@ INVALID_ROWS = [
 
 
 @pytest.mark.parametrize(("config", "key"), INVALID_ROWS)
-def test_an_invalid_setting_raises_config_error_naming_the_key(config: CoreConfig, key: str) -> None:
+def test_an_invalid_setting_raises_config_error_naming_the_key(
+    config: CoreConfig, key: str
+) -> None:
     with pytest.raises(ConfigError) as raised:
         validate_config(config)
     assert raised.value.key == key

@@ -232,4 +232,3 @@ def test_rejections_do_not_move_the_clock() -> None:
     assert isinstance(result, InvalidRequest)
     # An accepted decision with no events still carries its time.
     assert h.state.clock_ms == NOW + 20
-

@@ -164,7 +164,9 @@ CUSTOM_SIZE_ROWS = [
     pytest.param({"k": True}, 1 + 1, id="true counts 1"),
     pytest.param({"k": False}, 1 + 1, id="false counts 1"),
     pytest.param({"key": 1}, 3 + 8, id="the key bytes are counted"),
-    pytest.param({"a": "xy", "bb": 1.0, "c": True}, 3 + 10 + 2, id="the sizes of all entries add up"),
+    pytest.param(
+        {"a": "xy", "bb": 1.0, "c": True}, 3 + 10 + 2, id="the sizes of all entries add up"
+    ),
 ]
 
 
@@ -214,6 +216,7 @@ INVALID_ROWS = [
     pytest.param({"custom": {"k": 2**63}}, id="an integer above 64 bits"),
     pytest.param({"custom": {"k": -(2**63) - 1}}, id="an integer below 64 bits"),
     pytest.param({"job_id": "not-a-uuid"}, id="a job id that is not a UUID"),
+    pytest.param({"invalid": "priority is not an integer"}, id="a job the edge marked malformed"),
 ]  # fmt: skip
 
 
@@ -356,9 +359,7 @@ def test_the_depth_is_per_queue() -> None:
 def test_a_dedup_hit_on_a_full_queue_is_still_answered() -> None:
     h = Harness(depth(1))
     [original] = h.enqueue(make_job(idempotency_key="k"), now=NOW)
-    assert h.enqueue_results(make_job(idempotency_key="k"), now=NOW) == (
-        Accepted(original, True),
-    )
+    assert h.enqueue_results(make_job(idempotency_key="k"), now=NOW) == (Accepted(original, True),)
 
 
 # ---------------------------------------------------------------------------
@@ -404,8 +405,10 @@ def test_the_error_classes_carry_the_reference_codes() -> None:
 # ---------------------------------------------------------------------------
 # Whole-request errors (§14, §15): the command is refused, nothing is logged
 
-LEASES = CoreConfig().with_queue("a", max_lease_duration_ms=1_000).with_queue(
-    "b", max_lease_duration_ms=5_000
+LEASES = (
+    CoreConfig()
+    .with_queue("a", max_lease_duration_ms=1_000)
+    .with_queue("b", max_lease_duration_ms=5_000)
 )
 CommandFactory = Callable[[str], Command]
 UUID_NO_DASHES = "0" * 32
@@ -615,6 +618,26 @@ def test_an_atomic_enqueue_that_passes_stores_every_job_in_order() -> None:
     batch = jobs(3)
     assert h.enqueue(*batch, now=NOW, atomic=True) == [j.job_id for j in batch]
     assert h.ready_order("q") == sorted(j.job_id for j in batch)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param({"priority": 10}, InvalidRequest, id="an invalid job"),
+        pytest.param({"queue": "q" * 513}, QueueNameTooLong(512, 513), id="a job over a limit"),
+    ],
+)
+def test_an_atomic_enqueue_of_one_failing_job_is_rejected(
+    fields: dict[str, Any], expected: Any
+) -> None:
+    h = Harness()
+    reply = h.accept(Enqueue(jobs=(make_job(**fields),), atomic=True), now=NOW)
+    assert isinstance(reply, AtomicRejected)
+    [(index, rejection)] = reply.failures
+    assert index == 0
+    assert isinstance(rejection, expected) if isinstance(expected, type) else rejection == expected
+    assert h.decisions[-1].events == ()
+    assert h.state.jobs == {}
 
 
 def test_an_atomic_enqueue_over_the_depth_is_rejected_as_a_whole() -> None:

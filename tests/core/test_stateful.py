@@ -131,7 +131,9 @@ QUEUES = ["a", "a", "a", "b", "b", "c"]
 # means structurally valid: many of them still break a limit of some config.
 
 
-def mostly(valid: st.SearchStrategy[Any], rare: st.SearchStrategy[Any], one_in: int = 10) -> st.SearchStrategy[Any]:
+def mostly(
+    valid: st.SearchStrategy[Any], rare: st.SearchStrategy[Any], one_in: int = 10
+) -> st.SearchStrategy[Any]:
     """`valid`, except about one draw in `one_in` comes from `rare`."""
     return st.integers(0, one_in - 1).flatmap(lambda i: rare if i == one_in - 1 else valid)
 
@@ -144,16 +146,35 @@ JOB_FIELDS = {
     "queue": st.sampled_from(QUEUES),
     "job_type": st.sampled_from(["t", "t", "u"]),
     "payload": st.sampled_from(
-        [(None, None), (None, None), (b"x", "json"), (b"hello", "text"), (b"1234567", "json"), (b"x" * 13, "json"), (b"x", "xml")]
+        [
+            (None, None),
+            (None, None),
+            (b"x", "json"),
+            (b"hello", "text"),
+            (b"1234567", "json"),
+            (b"x" * 13, "json"),
+            (b"x", "xml"),
+        ]
     ),
     "idempotency_key": st.sampled_from([None, None, None, "k1", "k2", "k3"]),
     "priority": st.sampled_from([None, None, 0, 1, 5, 9]),
     "max_attempts": st.sampled_from([None, None, 1, 2, 3, 150]),
     "schedule": st.sampled_from([None, None, None, -100, 0, 1, 50, 300, 1_000, 4_000, 6_000]),
     "custom": st.sampled_from(
-        [None, None, {}, {"n": 1}, {"s": "hello"}, {"f": 1.5, "b": True}, {"abcd": 1}, {"s": "x" * 30}]
+        [
+            None,
+            None,
+            {},
+            {"n": 1},
+            {"s": "hello"},
+            {"f": 1.5, "b": True},
+            {"abcd": 1},
+            {"s": "x" * 30},
+        ]
     ),
-    "trace": st.sampled_from([(None, None), (None, None), ("00-abc-def-01", None), ("00-abc-def-01", "k=v")]),
+    "trace": st.sampled_from(
+        [(None, None), (None, None), ("00-abc-def-01", None), ("00-abc-def-01", "k=v")]
+    ),
 }
 # One structural fault per faulty job: (field, value).
 JOB_FAULTS = [
@@ -186,7 +207,14 @@ BATCHES = mostly(
 RESERVE_QUEUES = mostly(
     st.lists(st.sampled_from(QUEUES), min_size=1, max_size=2),
     st.sampled_from(
-        [(), ("a", ""), ("a/b",), ("queue-name-too-long",), ("b", "a", "c"), ("a", "b", "c", "a", "b")]
+        [
+            (),
+            ("a", ""),
+            ("a/b",),
+            ("queue-name-too-long",),
+            ("b", "a", "c"),
+            ("a", "b", "c", "a", "b"),
+        ]
     ),
     one_in=15,
 )
@@ -227,7 +255,9 @@ def normalise(result: Decision | CommandError) -> tuple[Any, ...]:
         return (
             "enqueue",
             [
-                ("ok", r.job_id, r.deduplicated) if isinstance(r, Accepted) else ("rej", rejection_key(r))
+                ("ok", r.job_id, r.deduplicated)
+                if isinstance(r, Accepted)
+                else ("rej", rejection_key(r))
                 for r in reply.results
             ],
         )
@@ -348,7 +378,9 @@ class CoreAgainstModel(RuleBasedStateMachine):
 
     # -- running one command against both -----------------------------------
 
-    def run(self, command: Command, model_answer: tuple[Any, ...], now: int) -> Decision | CommandError:
+    def run(
+        self, command: Command, model_answer: tuple[Any, ...], now: int
+    ) -> Decision | CommandError:
         result = self.h.run(command, now)
         assert_same_answer(normalise(result), model_answer)
         if isinstance(result, Decision):
@@ -462,7 +494,9 @@ class CoreAgainstModel(RuleBasedStateMachine):
         retry, delay_ms = directive
         now = self.now - skew
         answer = self.model.nack(job_id, attempt, retry, delay_ms, reason, now)
-        command = Nack(job_id=job_id, attempt=attempt, retry=retry, delay_ms=delay_ms, reason=reason)
+        command = Nack(
+            job_id=job_id, attempt=attempt, retry=retry, delay_ms=delay_ms, reason=reason
+        )
         self.run(command, answer, now)
 
     @rule(pair=PAIRS, lease_ms=often([1, 100, 1_000, 10**6], [0]), skew=SKEW)

@@ -44,7 +44,9 @@ def retained_with_queue(**overrides: object) -> CoreConfig:
         pytest.param(-NOW, "ready", id="scheduled_at at time zero lands ready"),
         pytest.param(0, "ready", id="scheduled_at equal to now lands ready"),
         pytest.param(1, "scheduled", id="scheduled_at one ms ahead lands scheduled"),
-        pytest.param(HORIZON, "scheduled", id="scheduled_at exactly at the horizon lands scheduled"),
+        pytest.param(
+            HORIZON, "scheduled", id="scheduled_at exactly at the horizon lands scheduled"
+        ),
     ],
 )
 def test_an_enqueued_job_lands_ready_or_scheduled_by_its_scheduled_at(
@@ -260,13 +262,21 @@ POLICY_ROWS = [
     pytest.param(3, "none", 3_600_000, HORIZON, 2, id="base 3 ms has no room for jitter"),
     pytest.param(1_000, "none", 3_600_000, HORIZON, 1, id="none attempt 1 uses the base"),
     pytest.param(1_000, "none", 3_600_000, HORIZON, 3, id="none attempt 3 still uses the base"),
-    pytest.param(1_000, "exponential", 3_600_000, HORIZON, 1, id="exponential attempt 1 is the base"),
+    pytest.param(
+        1_000, "exponential", 3_600_000, HORIZON, 1, id="exponential attempt 1 is the base"
+    ),
     pytest.param(1_000, "exponential", 3_600_000, HORIZON, 2, id="exponential attempt 2 doubles"),
     pytest.param(1_000, "exponential", 3_600_000, HORIZON, 4, id="exponential attempt 4 is 8x"),
-    pytest.param(1_000, "exponential", 5_000, HORIZON, 4, id="exponential is capped by retry_delay_max_ms"),
+    pytest.param(
+        1_000, "exponential", 5_000, HORIZON, 4, id="exponential is capped by retry_delay_max_ms"
+    ),
     pytest.param(10_000, "none", 60_000, 3_000, 1, id="the delay is capped by the horizon"),
-    pytest.param(7_777, "exponential", 3_600_000, HORIZON, 100, id="exponential saturates at attempt 100"),
-    pytest.param(2**40, "exponential", 2**45, HORIZON, 100, id="a huge base saturates at the cap"),
+    pytest.param(
+        7_777, "exponential", 3_600_000, HORIZON, 100, id="exponential saturates at attempt 100"
+    ),
+    pytest.param(
+        2**40, "exponential", 2**45, 2**50, 100, id="a huge base saturates at retry_delay_max_ms"
+    ),
 ]
 
 
@@ -683,7 +693,9 @@ def test_drain_refuses_bad_arguments(queue: str | None, max_records: int) -> Non
         pytest.param(NOW + 10_000, [], id="a late sweep expires them all"),
     ],
 )  # fmt: skip
-def test_a_sweep_drops_dead_letters_older_than_the_retention(sweep_at: int, kept: list[int]) -> None:
+def test_a_sweep_drops_dead_letters_older_than_the_retention(
+    sweep_at: int, kept: list[int]
+) -> None:
     h, ids = _three_dead_letters(CoreConfig(dead_letter_retention_ms=1_000))
     assert h.state.next_deadline() == NOW + 1 + 1_000
 

@@ -245,14 +245,15 @@ class Sim:
         raise AssertionError(f"the process never died in {steps_max} steps ({self.crasher.hits})")
 
     def finish(self) -> None:
-        """A clean shutdown and restart: everything is there, commands go on."""
-        self.engine.close()
-        self.oracle.release(self.engine.durable_seq)
-        self.engine = self.open()
-        self.check_recovered((snapshot_paths(self.fs) or [None])[-1])
-        for _ in range(5):
-            self.step()
-        assert self.oracle.released_seq >= self.engine.appended_seq - 30
+        """A clean shutdown and restart keeps everything; commands go on after it."""
+        for _round in range(2):
+            self.engine.close()  # flushes and syncs: all of it is durable now
+            self.oracle.release(self.engine.durable_seq)
+            assert self.oracle.unreleased == []
+            self.engine = self.open()
+            self.check_recovered((snapshot_paths(self.fs) or [None])[-1])
+            for _ in range(5):
+                self.step()
 
 
 def run_random_crashes(sim: Sim, cycles: int) -> None:
@@ -273,7 +274,7 @@ def run_random_crashes(sim: Sim, cycles: int) -> None:
     sim.finish()
 
 
-RANDOM_CYCLES = 400
+RANDOM_CYCLES = 800
 RANDOM_CRASH_OPTIONS = {
     "sync_all": inline_options(persist_mode="sync_all", segment_bytes_max=4096),
     "sync_data_with_log_retention": inline_options(
@@ -300,13 +301,13 @@ def test_random_crashes_never_lose_a_released_command(setup: str, rng: Any) -> N
 @pytest.mark.parametrize("setup", sorted(RANDOM_CRASH_OPTIONS))
 def test_soak_random_crashes_never_lose_a_released_command(setup: str, rng: Any) -> None:
     sim = Sim(rng, RANDOM_CRASH_OPTIONS[setup])
-    run_random_crashes(sim, cycles=3_000)
-    assert sim.stats["cycles"] >= 3_000
+    run_random_crashes(sim, cycles=20_000)
+    assert sim.stats["cycles"] >= 20_000
 
 
 # The setup that reaches each hook point quickly: kept=1 makes every snapshot
 # delete the previous one and the segments below it.
-HOOK_CYCLES = 40
+HOOK_CYCLES = 50
 HOOK_OPTIONS = inline_options(segment_bytes_max=4096, snapshots_kept=1)
 
 
@@ -319,7 +320,18 @@ def test_crash_at_each_hook_point_loses_no_released_command(point: str, rng: Any
         assert sim.crasher.killed_at == point
         sim.crash_and_recover(tear=cycle % 2 == 1)
     sim.finish()
-    assert sim.stats["cycles"] == HOOK_CYCLES + 1
+    assert sim.stats["cycles"] == HOOK_CYCLES + 2
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("point", HOOK_POINTS)
+def test_soak_crash_at_each_hook_point_loses_no_released_command(point: str, rng: Any) -> None:
+    sim = Sim(rng, HOOK_OPTIONS, snapshot_p=0.3)
+    for cycle in range(2_000):
+        sim.crasher.arm_point(point, rng.randrange(1, 6))
+        sim.run_until_crash(1_000)
+        sim.crash_and_recover(tear=cycle % 2 == 1, crash_in_recovery=rng.random() < 0.15)
+    sim.finish()
 
 
 def test_crash_between_write_and_sync_with_a_torn_write_truncates_the_tail(rng: Any) -> None:
@@ -336,15 +348,18 @@ def test_crash_between_write_and_sync_with_a_torn_write_truncates_the_tail(rng: 
 
 # (failing op, errno, persist mode, path filter)
 FAULTS = [
-    ("fsync", errno.EIO, "sync_all", "/wal/0"),
-    ("fsync", errno.ENOSPC, "sync_all", "/wal/0"),
-    ("fdatasync", errno.EIO, "sync_data", "/wal/0"),
-    ("fdatasync", errno.ENOSPC, "sync_data", "/wal/0"),
-    ("write", errno.ENOSPC, "sync_all", "/wal/0"),
-    ("write", errno.EIO, "sync_data", "/wal/0"),
-    ("fsync", errno.EIO, "buffer", "/wal/0"),  # the periodic sync
-    ("create", errno.ENOSPC, "sync_all", "/wal/0"),  # rotation
-    ("fsync_dir", errno.EIO, "sync_all", "/wal"),  # rotation
+    pytest.param(op, error, mode, where, id=f"{op}-{errno.errorcode[error]}-{mode}")
+    for op, error, mode, where in [
+        ("fsync", errno.EIO, "sync_all", "/wal/0"),
+        ("fsync", errno.ENOSPC, "sync_all", "/wal/0"),
+        ("fdatasync", errno.EIO, "sync_data", "/wal/0"),
+        ("fdatasync", errno.ENOSPC, "sync_data", "/wal/0"),
+        ("write", errno.ENOSPC, "sync_all", "/wal/0"),
+        ("write", errno.EIO, "sync_data", "/wal/0"),
+        ("fsync", errno.EIO, "buffer", "/wal/0"),  # the periodic sync
+        ("create", errno.ENOSPC, "sync_all", "/wal/0"),  # rotation
+        ("fsync_dir", errno.EIO, "sync_all", "/wal"),  # rotation
+    ]
 ]
 
 
@@ -448,16 +463,20 @@ def test_failed_snapshot_write_leaves_the_log_working(rng: Any) -> None:
 # ---------------------------------------------------------------- flipped bits
 
 
-def _written(rng: Any, records: int = 60) -> tuple[FaultyFileSystem, History]:
+def _written(rng: Any) -> tuple[FaultyFileSystem, History]:
+    """At least 60 records of random sizes in 4 KiB segments, one per flush, and
+    at least 3 of them in the last segment."""
     fs = FaultyFileSystem()
     engine = Engine.open(DATA_DIR, CONFIG, inline_options(segment_bytes_max=4096), fs=fs)
     history = History()
-    for n in range(records):
+    n = 0
+    while n < 60 or engine.segments[-1].last_seq - engine.segments[-1].first_seq < 2:
         decision, barrier = engine.execute(
             enqueue_one(n, payload_bytes=rng.randrange(50, 400)), T0 + n
         )
         history.executed(decision, barrier)
         engine.flush()
+        n += 1
     engine.close()
     return fs, history
 
@@ -546,4 +565,3 @@ def test_flipped_bit_before_the_last_record_of_last_segment_refuses_to_start(rng
         error = info.value
         assert (error.path, error.offset, error.seq) == (path, record.offset, record.seq)
         assert error.reason == f"corrupt record (bad {part} checksum)"
-

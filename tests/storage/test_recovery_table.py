@@ -444,9 +444,7 @@ def test_bad_segment_header_refuses_to_start(which: str, at: int, reason: str) -
     built = build(25)
     path = built.segments()[0 if which == "sealed" else -1]
     built.fs.flip_bit(path, at, 2)
-    assert_refuses(
-        built.fs, path=path, offset=0, seq=None, reason=f"bad segment header: {reason}"
-    )
+    assert_refuses(built.fs, path=path, offset=0, seq=None, reason=f"bad segment header: {reason}")
 
 
 @row(5, 9)
@@ -773,4 +771,3 @@ def test_refusal_message_names_file_offset_seq_and_the_verify_tool() -> None:
     assert "corrupt record (x)" in text and "/d/wal/1.log" in text
     assert "offset 40" in text and "seq 7" in text
     assert "sepp-log verify" in text
-

@@ -1,0 +1,179 @@
+"""End-to-end benchmark of a real `sepp serve` process, after benchmark-method.md.
+
+256-byte payloads; N producer connections with one request in flight each enqueue
+the jobs, then N worker connections reserve + ack them one at a time (the clock
+stops at the last ack), then one connection measures enqueue -> reserve -> ack
+round trips (p50/p99/p999). The server runs pinned to core 0 and the load
+generator (benchmarks/loadgen.py) to core 1; the generator's CPU share is
+reported, so a run where it was the bottleneck shows (>= 90% is flagged).
+
+    python -m benchmarks.bench_e2e                      # headline 50/50, every persist mode
+    python -m benchmarks.bench_e2e --sweep              # + concurrency 1/8/64/256 (sync_data)
+    python -m benchmarks.bench_e2e --batch 256          # + batch enqueue of 256 per request
+    python -m benchmarks.bench_e2e --modes sync_data --runs 3 --jobs 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import fsync_rate, machine_line, median, print_table
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = [(1, 5_000), (8, 40_000), (64, 200_000), (256, 200_000)]
+
+
+def _taskset(core: str | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return []
+    return ["taskset", "-c", core]
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+class Server:
+    def __init__(self, mode: str, pin: bool, extra_env: dict[str, str] | None = None) -> None:
+        self.data_dir = tempfile.mkdtemp(prefix="sepp-bench-e2e-")
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        # Benchmarks measure the steady state: no snapshot in the middle of a phase.
+        env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
+        env.setdefault("SEPP_LOGGING__LEVEL", "warning")
+        cmd = [
+            *_taskset("0" if pin else None),
+            sys.executable,
+            "-m",
+            "sepp.server.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            self.data_dir,
+            "--persist-mode",
+            mode,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("sepp listening on "):
+            self.stop()
+            raise RuntimeError(f"server did not start: {line!r}")
+        self.port = int(line.strip().rpartition(":")[2])
+
+    def cpu(self) -> float:
+        return _cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def loadgen(port: int, pin: bool, **options: Any) -> dict[str, Any]:
+    cmd = [*_taskset("1" if pin else None), sys.executable, "-m", "benchmarks.loadgen", "--port", str(port)]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, list):
+            cmd += [flag, *map(str, value)]
+        else:
+            cmd += [flag, str(value)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def one_run(mode: str, connections: int, jobs: int, pin: bool, batch: int = 1, latency: bool = True) -> dict[str, Any]:
+    server = Server(mode, pin)
+    try:
+        cpu0, t0 = server.cpu(), time.perf_counter()
+        phases = ["enqueue"] if batch > 1 else ["enqueue", "drain"] + (["latency"] if latency else [])
+        result = loadgen(
+            server.port, pin, connections=connections, jobs=jobs, batch=batch, phases=phases, rounds=2000
+        )
+        result["server_cpu_share"] = (server.cpu() - cpu0) / (time.perf_counter() - t0)
+        return result
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs="+", default=["sync_data", "sync_all", "buffer"])
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--jobs", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sweep", action="store_true", help="concurrency 1/8/64/256 in sync_data")
+    parser.add_argument("--batch", type=int, default=0, help="also measure batch enqueue of this size")
+    parser.add_argument("--no-pin", action="store_true")
+    args = parser.parse_args()
+    pin = not args.no_pin
+
+    print(machine_line())
+    probe = fsync_rate()
+    print(f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, {probe['syncs_per_s']:,.0f} syncs/s")
+    print(f"pinning: server on core 0, load generator on core 1: {'yes' if pin and _taskset('0') else 'no'}")
+    rows = []
+
+    def add_row(label: str, mode: str, conns: int, results: list[dict[str, Any]]) -> None:
+        def med(phase: str, key: str) -> float:
+            return median([r[phase][key] for r in results if phase in r])
+
+        client_cpu = median([r["client_cpu_share"] for r in results]) * 100
+        rows.append(
+            (
+                label,
+                mode,
+                conns,
+                med("enqueue", "jobs_per_s"),
+                med("drain", "jobs_per_s") if "drain" in results[0] else "",
+                med("latency", "p50_ms") if "latency" in results[0] else "",
+                med("latency", "p99_ms") if "latency" in results[0] else "",
+                med("latency", "p999_ms") if "latency" in results[0] else "",
+                f"{median([r['server_cpu_share'] for r in results]) * 100:.0f}%",
+                f"{client_cpu:.0f}%" + (" !" if client_cpu >= 90 else ""),
+            )
+        )
+        print("  ", rows[-1], flush=True)
+
+    for mode in args.modes:
+        results = [one_run(mode, args.connections, args.jobs, pin) for _ in range(args.runs)]
+        add_row(f"{args.connections}/{args.connections}", mode, args.connections, results)
+    if args.sweep:
+        for conns, jobs in SWEEP:
+            results = [one_run("sync_data", conns, jobs, pin, latency=False) for _ in range(args.runs)]
+            add_row("sweep", "sync_data", conns, results)
+    if args.batch:
+        for mode in args.modes:
+            results = [one_run(mode, args.connections, args.jobs, pin, batch=args.batch) for _ in range(args.runs)]
+            add_row(f"batch {args.batch}", mode, args.connections, results)
+    print()
+    print_table(
+        ["run", "persist mode", "conns", "enqueue jobs/s", "drain jobs/s", "p50 ms", "p99 ms", "p999 ms",
+         "server CPU", "client CPU"],
+        rows,
+    )
+    print("(medians of", args.runs, "runs; CPU = share of one core; '!' = the load generator was >= 90% busy)")
+
+
+if __name__ == "__main__":
+    main()

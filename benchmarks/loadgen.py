@@ -1,0 +1,178 @@
+"""A lean load generator for sepp: closed-loop connections speaking the wire
+protocol directly (sepp.protocol framing and msgpack), one request in flight per
+connection, as benchmark-method.md prescribes.
+
+Run as a child process by bench_e2e.py (pinned to its own core), it prints one
+JSON line with the phase results and its own CPU time, so the report can show that
+the generator was not the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import time
+from typing import Any
+
+import msgpack
+
+from sepp.protocol.framing import LENGTH_PREFIX, FrameReader
+
+PAYLOAD = b"x" * 256
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+class Conn(asyncio.Protocol):
+    """One connection: pipelined requests matched to responses by id."""
+
+    def __init__(self) -> None:
+        self.reader = FrameReader(64 * 1024 * 1024)
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.next_id = 1
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_event_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        for frame in self.reader.feed(data):
+            rid, status, body = msgpack.unpackb(frame, raw=False)
+            future = self.pending.pop(rid, None)
+            if future is not None and not future.done():
+                if status == "ok":
+                    future.set_result(body)
+                else:
+                    future.set_exception(RuntimeError(f"{status}: {body.get('message')}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(ConnectionError("connection lost"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def call(self, op: str, body: dict[str, Any]) -> asyncio.Future[Any]:
+        rid = self.next_id
+        self.next_id += 1
+        frame = _pack([rid, op, body])
+        future: asyncio.Future[Any] = asyncio.get_event_loop().create_future()
+        self.pending[rid] = future
+        assert self.transport is not None
+        self.transport.write(LENGTH_PREFIX.pack(len(frame)) + frame)
+        return future
+
+
+async def connect(host: str, port: int) -> Conn:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(Conn, host, port)
+    await conn.call("hello", {"protocol": 1, "client": "sepp-loadgen"})
+    return conn
+
+
+def _job(queue: str) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "job_type": "bench",
+        "payload": {"data": PAYLOAD, "encoding": "application/octet-stream"},
+    }
+
+
+async def enqueue_phase(conns: list[Conn], queue: str, jobs: int, batch: int) -> dict[str, float]:
+    remaining = jobs
+    lock_free = [remaining]
+
+    async def producer(conn: Conn) -> None:
+        while lock_free[0] > 0:
+            n = min(batch, lock_free[0])
+            lock_free[0] -= n
+            await conn.call("enqueue", {"jobs": [_job(queue) for _ in range(n)]})
+
+    started = time.perf_counter()
+    await asyncio.gather(*(producer(c) for c in conns))
+    elapsed = time.perf_counter() - started
+    return {"jobs": jobs, "seconds": elapsed, "jobs_per_s": jobs / elapsed}
+
+
+async def drain_phase(conns: list[Conn], queue: str, jobs: int) -> dict[str, float]:
+    done = [0]
+    last_ack = [0.0]
+
+    async def worker(conn: Conn) -> None:
+        while done[0] < jobs:
+            body = await conn.call("reserve", {"queues": [queue], "lease_ms": 60_000, "wait_ms": 0})
+            reserved = body["jobs"]
+            if not reserved:
+                return
+            job = reserved[0]
+            await conn.call("ack", {"job_id": job["id"], "attempt": job["attempt"]})
+            done[0] += 1
+            last_ack[0] = time.perf_counter()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in conns))
+    elapsed = last_ack[0] - started
+    return {"jobs": done[0], "seconds": elapsed, "jobs_per_s": done[0] / elapsed if elapsed > 0 else 0.0}
+
+
+async def latency_phase(conn: Conn, queue: str, rounds: int) -> dict[str, float]:
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        await conn.call("enqueue", {"jobs": [_job(queue)]})
+        body = await conn.call("reserve", {"queues": [queue], "lease_ms": 60_000, "wait_ms": 1000})
+        job = body["jobs"][0]
+        await conn.call("ack", {"job_id": job["id"], "attempt": job["attempt"]})
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+
+    def pct(p: float) -> float:
+        return samples[min(len(samples) - 1, int(len(samples) * p))] * 1000
+
+    return {"rounds": rounds, "p50_ms": pct(0.50), "p99_ms": pct(0.99), "p999_ms": pct(0.999)}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    conns = [await connect(args.host, args.port) for _ in range(args.connections)]
+    result: dict[str, Any] = {}
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    wall0 = time.perf_counter()
+    queue = args.queue
+    if "enqueue" in args.phases:
+        result["enqueue"] = await enqueue_phase(conns, queue, args.jobs, args.batch)
+    if "drain" in args.phases:
+        result["drain"] = await drain_phase(conns, queue, args.jobs)
+    if "latency" in args.phases:
+        result["latency"] = await latency_phase(conns[0], queue + "-latency", args.rounds)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    wall = time.perf_counter() - wall0
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    result["client_cpu_share"] = cpu / wall if wall > 0 else 0.0
+    for conn in conns:
+        assert conn.transport is not None
+        conn.transport.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--jobs", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--queue", default="bench")
+    parser.add_argument("--phases", nargs="+", default=["enqueue", "drain", "latency"])
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    result["pid"] = os.getpid()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,410 @@
+"""One TCP (or TLS) connection to a sepp server, with pipelined requests.
+
+Owns: opening the socket and the ``hello`` handshake, request ids, writing
+request frames, and the single reader task that cuts the byte stream into
+frames and hands each response to the future of the request it answers. Nothing
+waits for anything but its own future, so responses may arrive in any order: a
+long-polling reserve does not hold up the acks sent after it.
+
+Promises:
+
+* every request gets exactly one outcome: its response, a deadline error
+  (`TransportError`, code ``deadline_exceeded``), or — if the connection
+  dies first — the error that killed it (`TransportError`, or the error a
+  connection-level error frame announced just before the close);
+* a request larger than the server's frame limit is refused before anything
+  is sent (`MessageTooLargeError`): sending it would cost the connection;
+* a request abandoned by its caller (cancelled or timed out) may register an
+  *orphan handler*, which receives the late response if one comes — the client
+  uses it to release jobs leased by a reserve nobody waits for any more.
+
+Framing and encoding are `sepp.protocol`'s; this module only moves bytes.
+Reconnecting is the client's job: a closed `Connection` stays closed.
+
+Must not import: sepp.core, sepp.storage, sepp.server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sepp.client.errors import (
+    DEADLINE_EXCEEDED,
+    ClientClosedError,
+    ConnectError,
+    MalformedResponseError,
+    MessageTooLargeError,
+    SeppError,
+    TransportError,
+    UnsupportedProtocolError,
+    error_from_response,
+)
+from sepp.protocol import (
+    FRAME_BYTES_MAX_DEFAULT,
+    OK,
+    FrameReader,
+    FramingError,
+    Response,
+    decode_response,
+    encode_frame,
+    encode_request,
+)
+from sepp.protocol.errors import INVALID_ARGUMENT, UNAUTHENTICATED
+from sepp.protocol.messages import OP_HELLO, REQUEST_ID_MAX
+
+logger = logging.getLogger("sepp.client")
+
+DEFAULT_PORT = 7463
+# How much the reader asks the socket for at a time.
+READ_CHUNK_BYTES = 256 * 1024
+
+OrphanHandler = Callable[[Response], None]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to connect: host, port and the TLS context (None = plain
+    TCP). `address` is the caller's spelling, for messages."""
+
+    address: str
+    host: str
+    port: int
+    ssl: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+
+
+@dataclass(frozen=True)
+class Handshake:
+    """The server's answer to ``hello`` (PROTOCOL.md §3)."""
+
+    protocol: int
+    server_version: str
+    server_time_ms: int
+    max_message_bytes: int
+    auth_required: bool
+
+
+def parse_address(address: str) -> tuple[str, int, bool]:
+    """``(host, port, tls)`` of ``host:port``, ``[v6]:port`` or a bare host,
+    optionally prefixed with ``http://`` / ``https://`` (sepp-py accepts both;
+    ``https`` asks for TLS). The port defaults to 7463."""
+    rest = address.strip()
+    tls = False
+    for scheme, scheme_tls in (("https://", True), ("http://", False)):
+        if rest.lower().startswith(scheme):
+            rest, tls = rest[len(scheme) :], scheme_tls
+            break
+    rest = rest.rstrip("/")
+    if not rest:
+        raise ValueError(f"no host in address {address!r}")
+    if rest.startswith("["):
+        host, bracket, tail = rest[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            raise ValueError(f"malformed IPv6 address {address!r}")
+        port_text = tail[1:] if tail else ""
+    elif rest.count(":") == 1:
+        host, _, port_text = rest.partition(":")
+    else:
+        # A bare host name, or a bare IPv6 address without a port.
+        host, port_text = rest, ""
+    if not port_text:
+        return host, DEFAULT_PORT, tls
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad port in address {address!r}")
+    return host, int(port_text), tls
+
+
+def _handshake_from(body: dict[str, Any]) -> Handshake:
+    try:
+        protocol = body["protocol"]
+        frame_max = body.get("max_message_bytes", FRAME_BYTES_MAX_DEFAULT)
+        handshake = Handshake(
+            protocol=protocol,
+            server_version=str(body.get("server_version", "")),
+            server_time_ms=int(body.get("server_time_ms", 0)),
+            max_message_bytes=frame_max,
+            auth_required=bool(body.get("auth_required", False)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedResponseError(f"malformed hello answer: {exc}") from exc
+    if type(protocol) is not int or type(frame_max) is not int or frame_max < 1:
+        raise MalformedResponseError("malformed hello answer: protocol or limit is not an int")
+    return handshake
+
+
+class Connection:
+    """A live connection; make one with `Connection.open`."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        receive_bytes_max: int,
+    ) -> None:
+        self.endpoint = endpoint
+        self._reader = reader
+        self._writer = writer
+        self._frames = FrameReader(receive_bytes_max)
+        self._pending: dict[int, tuple[str, asyncio.Future[Response]]] = {}
+        self._orphans: dict[int, OrphanHandler] = {}
+        self._next_id = 1
+        self._closed = False
+        # Builds the error for requests still pending when the connection ends.
+        self._failure: Callable[[], SeppError] | None = None
+        # A connection-level error frame (request id 0), reported at the close.
+        self._farewell: tuple[str, dict[str, Any]] | None = None
+        self.handshake: Handshake | None = None
+        # Until hello answers, assume the protocol's default limit.
+        self.max_message_bytes = FRAME_BYTES_MAX_DEFAULT
+        self._reader_task = asyncio.create_task(self._read_loop(), name="sepp-client-reader")
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        endpoint: Endpoint,
+        *,
+        hello: dict[str, Any],
+        timeout: float,
+        receive_bytes_max: int,
+    ) -> Connection:
+        """Connect and complete the handshake within `timeout` seconds.
+
+        Raises `ConnectError` (socket, TLS, timeout, or a server that does not
+        answer hello properly), `UnsupportedProtocolError`, or
+        `UnauthenticatedError` for a refused API key.
+        """
+        where = endpoint.address
+        connection: Connection | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(
+                    endpoint.host,
+                    endpoint.port,
+                    ssl=endpoint.ssl,
+                    server_hostname=endpoint.server_hostname if endpoint.ssl else None,
+                    limit=READ_CHUNK_BYTES,
+                )
+                connection = cls(endpoint, reader, writer, receive_bytes_max=receive_bytes_max)
+                response = await connection._exchange(OP_HELLO, hello)
+        except TimeoutError:
+            await _close_quietly(connection)
+            raise ConnectError(where, f"no connection and handshake within {timeout:g} s") from None
+        except OSError as exc:
+            await _close_quietly(connection)
+            raise ConnectError(where, str(exc) or type(exc).__name__) from exc
+        except SeppError as exc:
+            await _close_quietly(connection)
+            raise ConnectError(where, f"handshake failed: {exc}") from exc
+        except BaseException:
+            await _close_quietly(connection)
+            raise
+        if response.status != OK:
+            await _close_quietly(connection)
+            raise _hello_error(where, response)
+        try:
+            connection.handshake = _handshake_from(response.body)
+        except MalformedResponseError as exc:
+            await _close_quietly(connection)
+            raise ConnectError(where, str(exc)) from exc
+        connection.max_message_bytes = connection.handshake.max_message_bytes
+        return connection
+
+    async def _exchange(self, op: str, body: dict[str, Any]) -> Response:
+        # The handshake itself: no deadline of its own (open() has one).
+        return await self.request(op, body, timeout=None)
+
+    # -- requests ------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def request(
+        self,
+        op: str,
+        body: dict[str, Any],
+        *,
+        timeout: float | None,
+        on_orphan: OrphanHandler | None = None,
+    ) -> Response:
+        """Send one request and wait for its response (any status).
+
+        `timeout` (seconds, None for none) bounds the whole exchange. If the
+        caller gives up — cancellation or the deadline — and `on_orphan` is set,
+        a response that arrives later is passed to it.
+        """
+        if self._closed:
+            raise TransportError(f"{op}: the connection is closed")
+        request_id = self._next_id
+        self._next_id = 1 if request_id >= REQUEST_ID_MAX else request_id + 1
+        data = encode_request(request_id, op, body)
+        if len(data) > self.max_message_bytes:
+            raise MessageTooLargeError(
+                f"{op} request of {len(data)} bytes is over the server's frame limit "
+                f"of {self.max_message_bytes} bytes",
+                size=len(data),
+                limit=self.max_message_bytes,
+            )
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (op, future)
+        try:
+            async with asyncio.timeout(timeout):
+                self._writer.write(encode_frame(data))
+                await self._writer.drain()
+                return await future
+        except TimeoutError:
+            self._abandon(request_id, future, on_orphan)
+            raise TransportError(
+                f"{op}: no answer within {timeout} s", code=DEADLINE_EXCEEDED
+            ) from None
+        except asyncio.CancelledError:
+            self._abandon(request_id, future, on_orphan)
+            raise
+        except OSError as exc:
+            # Writing failed: the reader will see the end of the stream too.
+            raise TransportError(f"{op}: sending failed: {exc}") from exc
+        finally:
+            self._pending.pop(request_id, None)
+
+    def _abandon(
+        self,
+        request_id: int,
+        future: asyncio.Future[Response],
+        on_orphan: OrphanHandler | None,
+    ) -> None:
+        self._pending.pop(request_id, None)
+        if future.done() and not future.cancelled():
+            # Answered (or failed) in the same step as the caller gave up.
+            if future.exception() is None and on_orphan is not None:
+                _run_orphan_handler(on_orphan, future.result())
+            return
+        # Not answered yet (cancelling the caller cancels the future it awaits).
+        future.cancel()
+        if on_orphan is not None and not self._closed:
+            self._orphans[request_id] = on_orphan
+
+    # -- the reader ------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        failure: Callable[[], SeppError]
+        try:
+            while True:
+                data = await self._reader.read(READ_CHUNK_BYTES)
+                if not data:
+                    failure = self._lost("the server closed the connection")
+                    break
+                for frame in self._frames.feed(data):
+                    self._dispatch(decode_response(frame))
+        except FramingError as exc:
+            message = f"the server sent a malformed frame: {exc}"
+            logger.warning("closing the connection to %s: %s", self.endpoint.address, message)
+            failure = lambda: MalformedResponseError(message)  # noqa: E731
+        except OSError as exc:
+            failure = self._lost(f"connection lost: {exc or type(exc).__name__}")
+        except asyncio.CancelledError:
+            self._finish(self._failure or ClientClosedError)
+            raise
+        except Exception as exc:
+            # A bug on this side: fail every caller at once rather than leave
+            # them waiting for their deadlines, and keep the traceback.
+            logger.exception("the sepp client's reader failed")
+            text = f"the client's reader failed: {exc!r}"
+            failure = lambda: MalformedResponseError(text)  # noqa: E731
+        self._finish(failure)
+        self._writer.close()
+
+    def _lost(self, message: str) -> Callable[[], SeppError]:
+        farewell = self._farewell
+        if farewell is not None:
+            status, body = farewell
+            return lambda: error_from_response("", status, body)
+        return lambda: TransportError(message)
+
+    def _dispatch(self, response: Response) -> None:
+        request_id = response.id
+        entry = self._pending.get(request_id)
+        if entry is not None:
+            future = entry[1]
+            if not future.done():
+                future.set_result(response)
+            return
+        if request_id == 0 and response.status != OK:
+            # A connection-level error: the server closes the connection next.
+            self._farewell = (response.status, response.body)
+            logger.warning(
+                "sepp server %s reported %s: %s",
+                self.endpoint.address,
+                response.status,
+                response.body.get("message"),
+            )
+            return
+        orphan = self._orphans.pop(request_id, None)
+        if orphan is not None:
+            _run_orphan_handler(orphan, response)
+            return
+        logger.debug("ignoring a response to unknown request %d", request_id)
+
+    def _finish(self, failure: Callable[[], SeppError]) -> None:
+        if self._failure is None:
+            self._failure = failure
+        self._closed = True
+        pending = list(self._pending.values())
+        self._pending.clear()
+        self._orphans.clear()
+        for _, future in pending:
+            if not future.done():
+                future.set_exception(self._failure())
+
+    # -- closing -----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the socket; requests still pending fail with `ClientClosedError`."""
+        if self._failure is None:
+            self._failure = ClientClosedError
+        self._closed = True
+        self._reader_task.cancel()
+        await asyncio.gather(self._reader_task, return_exceptions=True)
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (OSError, ssl.SSLError) as exc:
+            logger.debug("error while closing the connection: %s", exc)
+
+
+def _run_orphan_handler(handler: OrphanHandler, response: Response) -> None:
+    try:
+        handler(response)
+    except SeppError as exc:
+        logger.warning("could not handle a late response: %s", exc)
+
+
+def _hello_error(address: str, response: Response) -> SeppError:
+    body = response.body
+    message = body.get("message", "")
+    if response.status == UNAUTHENTICATED:
+        return error_from_response(OP_HELLO, response.status, body)
+    supported = body.get("supported_protocol_versions")
+    if response.status == INVALID_ARGUMENT and supported is not None:
+        versions = supported if isinstance(supported, list) else [supported]
+        return UnsupportedProtocolError(
+            address, f"protocol version not supported: {message}", versions
+        )
+    return ConnectError(address, f"hello refused ({response.status}): {message}")
+
+
+async def _close_quietly(connection: Connection | None) -> None:
+    if connection is not None:
+        await connection.close()

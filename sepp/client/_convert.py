@@ -1,0 +1,375 @@
+"""Conversions between wire bodies (msgpack maps, millisecond integers) and the
+domain types of `sepp.client.types`.
+
+Owns: time conversion (aware UTC datetimes and timedeltas <-> ms integers), the
+job map of an enqueue, and decoding of delivered jobs, dead-letter records,
+server info and queue stats. Decoding checks every field it reads and raises
+`JobConversionError` / `ServerInfoError` / `MalformedResponseError`, never a
+bare KeyError or TypeError.
+
+Must not import: asyncio, sockets, sepp.core, sepp.storage, sepp.server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sepp.client.errors import (
+    JobConversionError,
+    MalformedResponseError,
+    ServerInfoError,
+)
+from sepp.client.types import (
+    DeadLetterCause,
+    DeadLetterRecord,
+    EnqueueRequest,
+    Job,
+    JobCtx,
+    Payload,
+    Primitive,
+    Priority,
+    PriorityOutOfRangeError,
+    QueueStats,
+    ServerInfo,
+    TraceContext,
+    TraceContextError,
+)
+
+if TYPE_CHECKING:
+    from sepp.client.client import Lease
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ONE_MS = timedelta(milliseconds=1)
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+# -- time ---------------------------------------------------------------------------
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """Milliseconds since the epoch, floored; a naive datetime is taken as UTC.
+    Integer arithmetic throughout: float seconds lose a millisecond far out."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - EPOCH) // ONE_MS
+
+
+def ms_to_datetime(ms: int) -> datetime | None:
+    """The UTC datetime of `ms`, or ``None`` if it is negative or out of range."""
+    if ms < 0:
+        return None
+    try:
+        return EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:
+        return None
+
+
+def timedelta_to_ms(value: timedelta, *, round_up: bool = False) -> int:
+    """Whole milliseconds of `value`. `round_up` for leases: a positive
+    sub-millisecond lease must not become the invalid 0."""
+    if round_up:
+        return -(-value // ONE_MS)
+    return value // ONE_MS
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# -- enqueue --------------------------------------------------------------------------
+
+
+def _check_custom(custom: Mapping[str, Primitive]) -> dict[str, Primitive]:
+    out: dict[str, Primitive] = {}
+    for key, value in custom.items():
+        if not isinstance(key, str):
+            raise TypeError(f"custom keys must be strings, got {type(key).__name__}")
+        if not isinstance(value, str | int | float | bool):
+            raise TypeError(
+                f"custom value for {key!r} must be str, int, float or bool, "
+                f"got {type(value).__name__}"
+            )
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"custom value for {key!r} does not fit in 64 bits")
+        out[key] = value
+    return out
+
+
+def enqueue_job_to_wire(
+    request: EnqueueRequest, default_trace: tuple[str, str | None] | None = None
+) -> dict[str, Any]:
+    """The job map of an enqueue (PROTOCOL.md §5.1). Optional fields are left
+    out when unset so the queue's defaults apply. `default_trace` is used when
+    the request has no trace context of its own."""
+    job: dict[str, Any] = {"queue": request.queue, "job_type": request.job_type}
+    if request.payload is not None:
+        job["payload"] = {"data": bytes(request.payload.data), "encoding": request.payload.encoding}
+    if request.idempotency_key is not None:
+        job["idempotency_key"] = request.idempotency_key
+    if request.priority is not None:
+        job["priority"] = int(request.priority)
+    if request.max_attempts is not None:
+        job["max_attempts"] = request.max_attempts
+    if request.scheduled_at is not None:
+        scheduled_ms = datetime_to_ms(request.scheduled_at)
+        # A pre-epoch instant is in the past: "ready now", like no schedule at all.
+        if scheduled_ms >= 0:
+            job["scheduled_at_ms"] = scheduled_ms
+    if request.trace_context is not None:
+        trace: tuple[str, str | None] | None = (
+            request.trace_context.traceparent,
+            request.trace_context.tracestate,
+        )
+    else:
+        trace = default_trace
+    if trace is not None:
+        traceparent, tracestate = trace
+        wire_trace: dict[str, Any] = {"traceparent": traceparent}
+        if tracestate is not None:
+            wire_trace["tracestate"] = tracestate
+        job["trace_context"] = wire_trace
+    if request.custom:
+        job["custom"] = _check_custom(request.custom)
+    return job
+
+
+# -- delivered jobs ----------------------------------------------------------------------
+
+
+def _field(raw: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = raw.get(name)
+    # bool is an int; an int field holding True is as wrong as one holding "1".
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise JobConversionError(f"{what} field {name!r} is missing or has the wrong type")
+    return value
+
+
+def _time(raw: Mapping[str, Any], name: str, what: str) -> datetime:
+    ms = _field(raw, name, int, what)
+    value = ms_to_datetime(ms)
+    if value is None:
+        raise JobConversionError(f"{what} time {name!r} is not representable ({ms})")
+    return value
+
+
+def _optional_time(raw: Mapping[str, Any], name: str, what: str) -> datetime | None:
+    if raw.get(name) is None:
+        return None
+    return _time(raw, name, what)
+
+
+def _payload(raw: Mapping[str, Any]) -> Payload | None:
+    payload = raw.get("payload")
+    if payload is None:
+        return None
+    if not isinstance(payload, dict):
+        raise JobConversionError("job payload must be a map or nil")
+    data = payload.get("data")
+    encoding = payload.get("encoding")
+    if not isinstance(data, bytes) or not isinstance(encoding, str):
+        raise JobConversionError("job payload needs binary data and a string encoding")
+    return Payload(data, encoding)
+
+
+def _trace(raw: Mapping[str, Any]) -> TraceContext | None:
+    trace = raw.get("trace_context")
+    if not isinstance(trace, dict):
+        return None
+    traceparent = trace.get("traceparent")
+    tracestate = trace.get("tracestate")
+    if not isinstance(traceparent, str):
+        return None
+    try:
+        return TraceContext(traceparent, tracestate if isinstance(tracestate, str) else None)
+    except TraceContextError:
+        # A broken trace context must not cost the job: drop only the trace.
+        return None
+
+
+def _custom(raw: Mapping[str, Any]) -> dict[str, Primitive]:
+    custom = raw.get("custom")
+    if custom is None:
+        return {}
+    if not isinstance(custom, dict):
+        raise JobConversionError("job custom must be a map")
+    out: dict[str, Primitive] = {}
+    for key, value in custom.items():
+        if not isinstance(key, str) or not isinstance(value, str | int | float | bool):
+            raise JobConversionError(f"job custom entry {key!r} has an unsupported type")
+        out[key] = value
+    return out
+
+
+def _priority(raw: Mapping[str, Any]) -> Priority:
+    value = _field(raw, "priority", int, "job")
+    try:
+        return Priority(value)
+    except PriorityOutOfRangeError as exc:
+        raise JobConversionError(f"job priority {value} is outside 0..9") from exc
+
+
+def job_from_wire(
+    raw: Any, make_lease: Callable[[str, int, datetime], Lease | None] | None = None
+) -> Job:
+    """A delivered job map of a reserve answer (PROTOCOL.md §5.2)."""
+    if not isinstance(raw, dict):
+        raise JobConversionError("a job must be a map")
+    job_id = _field(raw, "id", str, "job")
+    job_type = _field(raw, "job_type", str, "job")
+    if not job_id or not job_type:
+        raise JobConversionError("job id and job_type must not be empty")
+    attempt = _field(raw, "attempt", int, "job")
+    lease_expires_at = _time(raw, "lease_expires_at_ms", "job")
+    ctx = JobCtx(
+        id=job_id,
+        queue=_field(raw, "queue", str, "job"),
+        job_type=job_type,
+        priority=_priority(raw),
+        attempt=attempt,
+        max_attempts=_field(raw, "max_attempts", int, "job"),
+        enqueued_at=_time(raw, "enqueued_at_ms", "job"),
+        custom=_custom(raw),
+        trace_context=_trace(raw),
+        lease_expires_at=lease_expires_at,
+        scheduled_at=_optional_time(raw, "scheduled_at_ms", "job"),
+    )
+    if make_lease is not None:
+        ctx._lease = make_lease(job_id, attempt, lease_expires_at)
+    return Job(payload=_payload(raw), ctx=ctx)
+
+
+_CAUSES = {cause.value: cause for cause in DeadLetterCause}
+
+
+def dead_letter_from_wire(raw: Any) -> DeadLetterRecord:
+    """One record of a drain answer (PROTOCOL.md §5.6)."""
+    if not isinstance(raw, dict):
+        raise JobConversionError("a dead-letter record must be a map")
+    job = raw.get("job")
+    if not isinstance(job, dict):
+        raise JobConversionError("dead-letter record is missing its job")
+    job_id = _field(job, "id", str, "job")
+    job_type = _field(job, "job_type", str, "job")
+    if not job_id or not job_type:
+        raise JobConversionError("job id and job_type must not be empty")
+    cause = raw.get("cause")
+    last_reason = raw.get("last_reason")
+    return DeadLetterRecord(
+        queue=_field(job, "queue", str, "job"),
+        job_id=job_id,
+        job_type=job_type,
+        payload=_payload(job),
+        priority=_priority(job),
+        max_attempts=_field(job, "max_attempts", int, "job"),
+        custom=_custom(job),
+        trace_context=_trace(job),
+        enqueued_at=_time(job, "enqueued_at_ms", "job"),
+        scheduled_at=_optional_time(job, "scheduled_at_ms", "job"),
+        cause=_CAUSES.get(cause, DeadLetterCause.UNSPECIFIED)
+        if isinstance(cause, str)
+        else DeadLetterCause.UNSPECIFIED,
+        failed_at=_time(raw, "failed_at_ms", "dead-letter record"),
+        final_attempt=_field(raw, "final_attempt", int, "dead-letter record"),
+        last_reason=last_reason if isinstance(last_reason, str) else None,
+    )
+
+
+# -- server info and stats --------------------------------------------------------------
+
+
+def _info(body: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ServerInfoError(f"server info field {name!r} is missing or has the wrong type")
+    return value
+
+
+def _info_texts(body: Mapping[str, Any], name: str) -> list[str]:
+    value = _info(body, name, list)
+    if not all(isinstance(v, str) for v in value):
+        raise ServerInfoError(f"server info field {name!r} must be an array of strings")
+    return list(value)
+
+
+def _info_ms(body: Mapping[str, Any], name: str) -> timedelta:
+    return timedelta(milliseconds=_info(body, name, int))
+
+
+def server_info_from_wire(body: Mapping[str, Any]) -> ServerInfo:
+    """A server_info answer (PROTOCOL.md §5.7)."""
+    version = _info(body, "server_version", str)
+    if not version:
+        raise ServerInfoError("server info has an empty server_version")
+    server_time = ms_to_datetime(_info(body, "server_time_ms", int))
+    if server_time is None:
+        raise ServerInfoError("server_time_ms is not a representable time")
+    retention = body.get("dead_letter_retention_ms")
+    mode = body.get("persist_mode")
+    frame_max = body.get("max_message_bytes")
+    try:
+        return ServerInfo(
+            version=version,
+            supported_protocol_versions=_info_texts(body, "supported_protocol_versions"),
+            server_time=server_time,
+            restricts_encodings=_info(body, "restricts_encodings", bool),
+            allowed_encodings=_info_texts(body, "allowed_encodings"),
+            max_payload_bytes=_info(body, "max_payload_bytes", int),
+            max_custom_entries=_info(body, "max_custom_entries", int),
+            max_custom_total_bytes=_info(body, "max_custom_total_bytes", int),
+            max_custom_key_bytes=_info(body, "max_custom_key_bytes", int),
+            max_queue_name_bytes=_info(body, "max_queue_name_bytes", int),
+            max_job_type_bytes=_info(body, "max_job_type_bytes", int),
+            max_idempotency_key_bytes=_info(body, "max_idempotency_key_bytes", int),
+            max_schedule_horizon=_info_ms(body, "max_schedule_horizon_ms"),
+            max_enqueue_batch=_info(body, "max_enqueue_batch", int),
+            max_reserve_batch=_info(body, "max_reserve_batch", int),
+            max_reserve_queues=_info(body, "max_reserve_queues", int),
+            max_wait_timeout=_info_ms(body, "max_wait_timeout_ms"),
+            max_lease_duration=_info_ms(body, "max_lease_duration_ms"),
+            strict_queues=_info(body, "strict_queues", bool),
+            dead_letter_retention_enabled=_info(body, "dead_letter_retention_enabled", bool),
+            # The additions are read leniently: an older server may not send them.
+            max_message_bytes=frame_max if type(frame_max) is int else ServerInfo.max_message_bytes,
+            dead_letter_retention=timedelta(milliseconds=retention)
+            if type(retention) is int
+            else timedelta(0),
+            persist_mode=mode if isinstance(mode, str) else "",
+        )
+    except OverflowError as exc:
+        raise ServerInfoError("a server info duration is out of range") from exc
+
+
+def _stat(raw: Mapping[str, Any], name: str) -> int:
+    value = raw.get(name)
+    if type(value) is not int:
+        raise MalformedResponseError(f"queue stats field {name!r} must be an integer")
+    return value
+
+
+def queue_stats_from_wire(body: Mapping[str, Any]) -> list[QueueStats]:
+    """A queue_stats answer (PROTOCOL.md §5.8)."""
+    queues = body.get("queues")
+    if not isinstance(queues, list):
+        raise MalformedResponseError("queue stats answer needs a 'queues' array")
+    out = []
+    for raw in queues:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise MalformedResponseError("each queue stats entry needs a name")
+        age = raw.get("oldest_ready_age_ms")
+        if age is not None and type(age) is not int:
+            raise MalformedResponseError("oldest_ready_age_ms must be an integer or nil")
+        out.append(
+            QueueStats(
+                name=raw["name"],
+                ready=_stat(raw, "ready"),
+                scheduled=_stat(raw, "scheduled"),
+                in_flight=_stat(raw, "in_flight"),
+                dead_lettered=_stat(raw, "dead_lettered"),
+                oldest_ready_age=None if age is None else timedelta(milliseconds=age),
+            )
+        )
+    return out

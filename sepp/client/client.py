@@ -1,0 +1,698 @@
+"""The async client: enqueue, reserve, ack / nack / extend, dead letters, server
+info, queue stats and health, over one pipelined connection.
+
+Owns: `SeppClient` (the sepp-py API on the msgpack protocol), `RetryDirective`
+(what a nack asks for), `Lease` (the handle in every reserved `JobCtx`),
+reconnecting after a dropped connection, and applying the `RetryPolicy`.
+
+Promises:
+
+* one connection at a time; it is opened (with ``hello``) by `connect` and
+  reopened lazily, with the same ``hello``, by the first call after it dropped;
+* every call has a deadline: `rpc_timeout`, or for a reserve its wait plus
+  10 s, so the server's empty answer arrives first;
+* retries (opt-in, see `RetryPolicy`) only of transient failures and only of
+  calls that are safe to repeat: never a reserve or a drain, never an enqueue
+  unless every job has an idempotency key;
+* a reserve whose caller stopped waiting (cancelled, or its deadline passed)
+  does not strand the jobs it leased: when its answer comes late they are
+  nacked back to ready at once, instead of waiting out their leases.
+
+Must not import: sepp.core, sepp.storage, sepp.server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ipaddress
+import logging
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from sepp._version import __version__
+from sepp.client import _convert, _otel
+from sepp.client._connection import Connection, Endpoint, OrphanHandler, parse_address
+from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
+from sepp.client.errors import (
+    BatchResultCountMismatchError,
+    BatchValidationError,
+    ClientClosedError,
+    EmptyBatchError,
+    InvalidApiKeyError,
+    JobConversionError,
+    JobRejectedError,
+    JobRejection,
+    JobValidationError,
+    MalformedResponseError,
+    MalformedServerInfoError,
+    SeppError,
+    ServerInfoError,
+    error_from_response,
+    rejection_from_wire,
+)
+from sepp.client.types import (
+    DeadLetterRecord,
+    EnqueueAck,
+    EnqueueRequest,
+    HealthStatus,
+    Job,
+    JobCtx,
+    QueueStats,
+    ReserveOptions,
+    ServerInfo,
+)
+from sepp.protocol import OK, PROTOCOL_VERSION, Response
+from sepp.protocol.messages import (
+    OP_ACK,
+    OP_DRAIN_DEAD_LETTERS,
+    OP_ENQUEUE,
+    OP_EXTEND,
+    OP_HEALTH,
+    OP_NACK,
+    OP_QUEUE_STATS,
+    OP_RESERVE,
+    OP_SERVER_INFO,
+    RETRY_DEAD_LETTER,
+    RETRY_DEFAULT,
+    RETRY_DELAY,
+)
+
+__all__ = ["Lease", "RetryDirective", "RetryPolicy", "SeppClient"]
+
+logger = logging.getLogger("sepp.client")
+
+CLIENT_VERSION = __version__
+CLIENT_NAME = f"sepp-python/{CLIENT_VERSION}"
+
+DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
+DEFAULT_RPC_TIMEOUT = timedelta(seconds=30)
+# A reserve's deadline is its wait plus this, so the server's own empty answer
+# at the end of the wait comes back before the client gives up.
+RESERVE_DEADLINE_SLACK = timedelta(seconds=10)
+# The largest response frame accepted. A reserve answer can hold
+# max_reserve_batch (256) jobs of max_payload_bytes (1 MiB) each; refusing one
+# would strand the jobs it leased, so the default is generous. Nothing is
+# allocated up front: the limit only stops a corrupt length prefix.
+DEFAULT_RECEIVE_BYTES_MAX = 512 * 1024 * 1024
+
+RELEASE_REASON = "released: the client abandoned the reserve that leased this job"
+
+
+@dataclass(frozen=True)
+class RetryDirective:
+    """What a `SeppClient.nack` asks the server to do with the job next.
+
+    Job-level retry (the handler failed), as opposed to the connection-level
+    `RetryPolicy` (the call failed). Use `DEFAULT` (the queue's retry policy),
+    `DEAD_LETTER` (no more attempts) or ``RetryDirective.after(delay)``.
+    """
+
+    kind: str
+    delay: timedelta | None = None
+
+    DEFAULT: ClassVar[RetryDirective]
+    DEAD_LETTER: ClassVar[RetryDirective]
+
+    @classmethod
+    def default(cls) -> RetryDirective:
+        """Retry under the queue's policy (backoff and max attempts)."""
+        return cls("default")
+
+    @classmethod
+    def after(cls, delay: timedelta) -> RetryDirective:
+        """Retry once `delay` has passed (still counting toward max attempts)."""
+        return cls("after", delay)
+
+    @classmethod
+    def dead_letter(cls) -> RetryDirective:
+        """Do not retry: dead-letter the job now."""
+        return cls("dead_letter")
+
+
+RetryDirective.DEFAULT = RetryDirective.default()
+RetryDirective.DEAD_LETTER = RetryDirective.dead_letter()
+
+
+class Lease:
+    """The lease of one reserved job, kept in its `JobCtx`; renews it. Not built
+    by hand."""
+
+    def __init__(
+        self,
+        client: SeppClient,
+        job_id: str,
+        attempt: int,
+        lease_expires_at: datetime,
+        worker_id: str | None,
+    ) -> None:
+        self._client = client
+        self._job_id = job_id
+        self._attempt = attempt
+        self._worker_id = worker_id
+        self._known_expiry_ms = _convert.datetime_to_ms(lease_expires_at)
+
+    @property
+    def worker_id(self) -> str | None:
+        return self._worker_id
+
+    @property
+    def known_expiry_ms(self) -> int:
+        """The latest deadline the server confirmed, in ms since the epoch."""
+        return self._known_expiry_ms
+
+    async def extend(self, by: timedelta) -> datetime:
+        expiry = await self._client._extend_inner(self._job_id, self._attempt, by, self._worker_id)
+        self._known_expiry_ms = _convert.datetime_to_ms(expiry)
+        return expiry
+
+
+def _build_ssl(
+    tls: bool | ssl.SSLContext,
+    tls_ca_cert: bytes | None,
+    tls_domain: str | None,
+    credentials: ssl.SSLContext | None,
+    scheme_tls: bool,
+) -> ssl.SSLContext | None:
+    if credentials is not None:
+        return credentials
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    if not (tls or scheme_tls or tls_ca_cert is not None or tls_domain is not None):
+        return None
+    if tls_ca_cert is None:
+        return ssl.create_default_context()
+    # PEM is text; anything else is taken as DER.
+    pem = tls_ca_cert.lstrip().startswith(b"-----")
+    return ssl.create_default_context(cadata=tls_ca_cert.decode("ascii") if pem else tls_ca_cert)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SeppClient:
+    """An async handle to one sepp server.
+
+    Make one with ``await SeppClient.connect(address, ...)``, which also checks
+    the server and the API key; the constructor takes the same arguments and
+    connects lazily on the first call instead. Use it from one event loop (from
+    threads, use `sepp.client.sync.SyncSeppClient`); close it with `close`, or
+    use it as an async context manager.
+    """
+
+    def __init__(
+        self,
+        addr: str,
+        *,
+        api_key: str | None = None,
+        retry_policy: RetryPolicy | None = None,
+        tls: bool | ssl.SSLContext = False,
+        tls_ca_cert: bytes | None = None,
+        tls_domain: str | None = None,
+        credentials: ssl.SSLContext | None = None,
+        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
+        rpc_timeout: timedelta = DEFAULT_RPC_TIMEOUT,
+        max_receive_message_bytes: int | None = None,
+        client_name: str = CLIENT_NAME,
+    ) -> None:
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise InvalidApiKeyError()
+        host, port, scheme_tls = parse_address(addr)
+        context = _build_ssl(tls, tls_ca_cert, tls_domain, credentials, scheme_tls)
+        self._endpoint = Endpoint(addr, host, port, context, tls_domain or host)
+        if api_key is not None and context is None and not _is_loopback(host):
+            logger.warning("sending an API key to %s without TLS: it travels in plain text", addr)
+        self._hello: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "client": client_name}
+        if api_key is not None:
+            self._hello["api_key"] = api_key
+        self._retry_policy = retry_policy or RetryPolicy()
+        self._rpc_timeout = rpc_timeout.total_seconds()
+        self._connect_timeout = connect_timeout.total_seconds()
+        self._receive_bytes_max = max_receive_message_bytes or DEFAULT_RECEIVE_BYTES_MAX
+        self._connection: Connection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._closed = False
+        self._background: set[asyncio.Task[None]] = set()
+        # How many connections this client opened (the first one included).
+        self.connections_opened = 0
+
+    @classmethod
+    async def connect(
+        cls,
+        addr: str,
+        *,
+        api_key: str | None = None,
+        retry_policy: RetryPolicy | None = None,
+        tls: bool | ssl.SSLContext = False,
+        tls_ca_cert: bytes | None = None,
+        tls_domain: str | None = None,
+        credentials: ssl.SSLContext | None = None,
+        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
+        rpc_timeout: timedelta = DEFAULT_RPC_TIMEOUT,
+        max_receive_message_bytes: int | None = None,
+        client_name: str = CLIENT_NAME,
+    ) -> SeppClient:
+        """Connect to the server at `addr` and complete the handshake.
+
+        `addr` is ``host:port`` (port 7463 if left out); an ``http://`` or
+        ``https://`` prefix is accepted, the latter meaning TLS. TLS is also
+        turned on by ``tls=True`` (system trust store), an `ssl.SSLContext` as
+        `tls` or `credentials`, `tls_ca_cert` (PEM or DER bytes of a private
+        CA) or `tls_domain` (the name to verify, when it differs from the host).
+
+        `rpc_timeout` bounds every call but `reserve` (whose deadline is its
+        wait plus 10 s); `connect_timeout` bounds connecting plus ``hello``.
+        `max_receive_message_bytes` caps one response frame (512 MiB by
+        default). `client_name` is sent in ``hello`` for the server's logs.
+
+        Raises `ConnectError` when the server cannot be reached or does not
+        complete the handshake in time, `UnsupportedProtocolError` when it
+        speaks another protocol version, `UnauthenticatedError` when it refuses
+        the API key, `InvalidApiKeyError` for an empty key.
+        """
+        client = cls(
+            addr,
+            api_key=api_key,
+            retry_policy=retry_policy,
+            tls=tls,
+            tls_ca_cert=tls_ca_cert,
+            tls_domain=tls_domain,
+            credentials=credentials,
+            connect_timeout=connect_timeout,
+            rpc_timeout=rpc_timeout,
+            max_receive_message_bytes=max_receive_message_bytes,
+            client_name=client_name,
+        )
+        await client._ensure_connection()
+        logger.info("connected to sepp server %s (tls=%s)", addr, client._endpoint.ssl is not None)
+        return client
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return self._endpoint.address
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        """Close the connection. Calls still waiting fail with
+        `ClientClosedError`; later calls raise it. Closing twice is harmless."""
+        self._closed = True
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+    async def __aenter__(self) -> SeppClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _ensure_connection(self) -> Connection:
+        connection = self._connection
+        if connection is not None and not connection.closed and not self._closed:
+            return connection
+        async with self._connect_lock:
+            if self._closed:
+                raise ClientClosedError()
+            connection = self._connection
+            if connection is None or connection.closed:
+                if connection is not None:
+                    logger.info("reconnecting to sepp server %s", self._endpoint.address)
+                connection = await Connection.open(
+                    self._endpoint,
+                    hello=self._hello,
+                    timeout=self._connect_timeout,
+                    receive_bytes_max=self._receive_bytes_max,
+                )
+                self.connections_opened += 1
+                if self._closed:
+                    await connection.close()
+                    raise ClientClosedError()
+                self._connection = connection
+            return connection
+
+    # -- the call path ------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        op: str,
+        body: dict[str, Any],
+        *,
+        retry_safe: bool,
+        timeout: float | None = None,
+        on_orphan: OrphanHandler | None = None,
+    ) -> dict[str, Any]:
+        """Send `op` and return the body of its ``ok`` answer, raising the
+        mapped error otherwise; retry transient failures if `retry_safe` and
+        the policy allows."""
+        policy = self._retry_policy
+        delays = backoff_delays(policy)
+        attempt = 1
+        while True:
+            try:
+                connection = await self._ensure_connection()
+                response = await connection.request(
+                    op,
+                    body,
+                    timeout=self._rpc_timeout if timeout is None else timeout,
+                    on_orphan=on_orphan,
+                )
+                if response.status == OK:
+                    return response.body
+                raise error_from_response(op, response.status, response.body)
+            except SeppError as error:
+                if not retry_safe or attempt >= policy.max_attempts or not is_transient(error):
+                    raise
+                delay = next(delays)
+                logger.warning(
+                    "%s failed (%s: %s); retry %d of %d in %.3f s",
+                    op,
+                    type(error).__name__,
+                    error,
+                    attempt,
+                    policy.max_attempts - 1,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                attempt += 1
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    def _enqueue_body(
+        self, jobs: Iterable[EnqueueRequest], atomic: bool
+    ) -> tuple[dict[str, Any], bool]:
+        requests = list(jobs)
+        if not requests:
+            raise EmptyBatchError()
+        trace = _otel.current_trace_headers()
+        body: dict[str, Any] = {"jobs": [_convert.enqueue_job_to_wire(r, trace) for r in requests]}
+        if atomic:
+            body["atomic"] = True
+        # Only the server's dedup makes a repeated enqueue harmless.
+        retry_safe = all(r.idempotency_key is not None for r in requests)
+        return body, retry_safe
+
+    @staticmethod
+    def _ack_from_wire(raw: Any) -> EnqueueAck:
+        if not isinstance(raw, dict):
+            raise MalformedResponseError("an enqueue result must be a map")
+        job_id = raw.get("job_id")
+        deduplicated = raw.get("deduplicated", False)
+        if not isinstance(job_id, str) or not isinstance(deduplicated, bool):
+            raise MalformedResponseError("an enqueue result needs job_id and deduplicated")
+        return EnqueueAck(job_id=job_id, deduplicated=deduplicated)
+
+    @staticmethod
+    def _results(answer: dict[str, Any], expected: int) -> list[Any]:
+        results = answer.get("results")
+        if not isinstance(results, list):
+            raise MalformedResponseError("an enqueue answer needs a 'results' array")
+        if len(results) != expected:
+            raise BatchResultCountMismatchError(expected, len(results))
+        return results
+
+    async def enqueue_batch(
+        self, jobs: Iterable[EnqueueRequest]
+    ) -> list[EnqueueAck | JobRejection]:
+        """Enqueue jobs independently of each other (best effort).
+
+        Returns one entry per job, in order: an `EnqueueAck`, or the
+        `JobRejection` that refused it. A failure of the whole call (empty
+        batch, transport, server error) raises. Retried per the `RetryPolicy`
+        only if every job has an idempotency key. See `enqueue_atomic` for
+        all-or-nothing.
+        """
+        body, retry_safe = self._enqueue_body(jobs, atomic=False)
+        with _otel.client_span("sepp.enqueue"):
+            answer = await self._call(OP_ENQUEUE, body, retry_safe=retry_safe)
+        out: list[EnqueueAck | JobRejection] = []
+        for raw in self._results(answer, len(body["jobs"])):
+            if isinstance(raw, dict) and "rejection" in raw:
+                out.append(rejection_from_wire(raw["rejection"]))
+            else:
+                out.append(self._ack_from_wire(raw))
+        return out
+
+    async def enqueue(self, job: EnqueueRequest) -> EnqueueAck:
+        """Enqueue one job; raises `JobRejectedError` if the server refuses it."""
+        result = (await self.enqueue_batch([job]))[0]
+        if isinstance(result, JobRejection):
+            raise JobRejectedError(result)
+        return result
+
+    async def enqueue_atomic(self, jobs: Iterable[EnqueueRequest]) -> list[EnqueueAck]:
+        """Enqueue jobs all-or-nothing.
+
+        Returns one `EnqueueAck` per job, in order. If any job is refused,
+        nothing is stored and `BatchValidationError` lists every failing job
+        with its index.
+        """
+        body, retry_safe = self._enqueue_body(jobs, atomic=True)
+        with _otel.client_span("sepp.enqueue_atomic"):
+            answer = await self._call(OP_ENQUEUE, body, retry_safe=retry_safe)
+        failures = answer.get("failures")
+        if failures is not None:
+            if not isinstance(failures, list) or not failures:
+                raise MalformedResponseError("'failures' must be a non-empty array")
+            errors = []
+            for failure in failures:
+                index = failure.get("index") if isinstance(failure, dict) else None
+                if type(index) is not int:
+                    raise MalformedResponseError("an atomic failure needs an integer index")
+                errors.append(
+                    JobValidationError(index, rejection_from_wire(failure.get("rejection")))
+                )
+            raise BatchValidationError(errors)
+        return [self._ack_from_wire(raw) for raw in self._results(answer, len(body["jobs"]))]
+
+    # -- reserve and leases -------------------------------------------------------------------
+
+    async def reserve(self, opts: ReserveOptions) -> list[Job] | None:
+        """Long-poll for jobs.
+
+        Waits up to ``opts.wait_timeout`` for at least one job and returns the
+        leased jobs (at most ``opts.max_jobs``), or ``None`` when the wait ended
+        empty — the normal idle case: call again. Every job must be acked,
+        nacked or extended before ``job.ctx.lease_expires_at``.
+
+        Never retried. A job the client cannot decode is logged and skipped.
+        If the caller stops waiting (cancellation, deadline) and the answer
+        arrives later, its jobs are nacked back to ready immediately.
+        """
+        body: dict[str, Any] = {
+            "queues": list(opts.queues),
+            "lease_ms": _convert.timedelta_to_ms(opts.lease_duration, round_up=True),
+            "wait_ms": max(0, _convert.timedelta_to_ms(opts.wait_timeout)),
+        }
+        if opts.max_jobs is not None:
+            body["max_jobs"] = opts.max_jobs
+        if opts.worker_id is not None:
+            body["worker_id"] = opts.worker_id
+        deadline = (max(opts.wait_timeout, timedelta(0)) + RESERVE_DEADLINE_SLACK).total_seconds()
+        release = functools.partial(self._release_orphaned, opts.worker_id)
+        with _otel.client_span("sepp.reserve"):
+            answer = await self._call(
+                OP_RESERVE, body, retry_safe=False, timeout=deadline, on_orphan=release
+            )
+        raw_jobs = answer.get("jobs")
+        if not isinstance(raw_jobs, list):
+            raise MalformedResponseError("a reserve answer needs a 'jobs' array")
+
+        def make_lease(job_id: str, attempt: int, expires_at: datetime) -> Lease:
+            return Lease(self, job_id, attempt, expires_at, opts.worker_id)
+
+        jobs: list[Job] = []
+        for raw in raw_jobs:
+            try:
+                jobs.append(_convert.job_from_wire(raw, make_lease))
+            except JobConversionError as exc:
+                logger.warning("skipping a job the client cannot decode: %s", exc)
+        return jobs or None
+
+    def _release_orphaned(self, worker_id: str | None, response: Response) -> None:
+        if response.status != OK or self._closed:
+            return
+        raw_jobs = response.body.get("jobs")
+        if not isinstance(raw_jobs, list):
+            return
+        for raw in raw_jobs:
+            job_id = raw.get("id") if isinstance(raw, dict) else None
+            attempt = raw.get("attempt") if isinstance(raw, dict) else None
+            if not isinstance(job_id, str) or type(attempt) is not int:
+                continue
+            body: dict[str, Any] = {
+                "job_id": job_id,
+                "attempt": attempt,
+                "retry": RETRY_DELAY,
+                "delay_ms": 0,
+                "reason": RELEASE_REASON,
+            }
+            if worker_id is not None:
+                body["worker_id"] = worker_id
+            task = asyncio.get_running_loop().create_task(self._release(job_id, body))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _release(self, job_id: str, body: dict[str, Any]) -> None:
+        try:
+            await self._call(OP_NACK, body, retry_safe=True)
+            logger.info("released job %s leased by an abandoned reserve", job_id)
+        except SeppError as exc:
+            logger.info("could not release job %s (its lease will expire): %s", job_id, exc)
+
+    @staticmethod
+    def _lease_body(ctx: JobCtx) -> dict[str, Any]:
+        body: dict[str, Any] = {"job_id": ctx.id, "attempt": ctx.attempt}
+        worker_id = ctx._lease.worker_id if ctx._lease is not None else None
+        if worker_id is not None:
+            body["worker_id"] = worker_id
+        return body
+
+    async def ack(self, ctx: JobCtx) -> None:
+        """Report success: the job is deleted.
+
+        Raises `JobNotFoundError` or `AttemptMismatchError` if this attempt no
+        longer holds the lease.
+        """
+        with _otel.client_span("sepp.ack"):
+            await self._call(OP_ACK, self._lease_body(ctx), retry_safe=True)
+
+    async def nack(
+        self,
+        ctx: JobCtx,
+        retry: RetryDirective = RetryDirective.DEFAULT,
+        reason: str = "",
+    ) -> bool:
+        """Report failure. `retry` chooses what happens next; `reason` is kept
+        as the job's last reason. Returns ``True`` if the job was dead-lettered
+        (by `RetryDirective.DEAD_LETTER`, or because this was its last
+        attempt). Fencing errors as for `ack`.
+        """
+        body = self._lease_body(ctx)
+        if retry.kind == "after":
+            if retry.delay is None:
+                raise ValueError("RetryDirective.after needs a delay")
+            body["retry"] = RETRY_DELAY
+            body["delay_ms"] = _convert.timedelta_to_ms(retry.delay)
+        elif retry.kind == "dead_letter":
+            body["retry"] = RETRY_DEAD_LETTER
+        elif retry.kind == "default":
+            body["retry"] = RETRY_DEFAULT
+        else:
+            raise ValueError(f"unknown retry directive {retry.kind!r}")
+        if reason:
+            body["reason"] = reason
+        with _otel.client_span("sepp.nack"):
+            answer = await self._call(OP_NACK, body, retry_safe=True)
+        dead_lettered = answer.get("dead_lettered")
+        if not isinstance(dead_lettered, bool):
+            raise MalformedResponseError("a nack answer needs a boolean 'dead_lettered'")
+        return dead_lettered
+
+    async def extend(self, ctx: JobCtx, extension: timedelta) -> datetime:
+        """Renew the lease to ``now + extension`` (clamped by the server) and
+        return the new deadline. The same as ``await ctx.extend(extension)``."""
+        worker_id = ctx._lease.worker_id if ctx._lease is not None else None
+        expiry = await self._extend_inner(ctx.id, ctx.attempt, extension, worker_id)
+        if ctx._lease is not None:
+            ctx._lease._known_expiry_ms = _convert.datetime_to_ms(expiry)
+        return expiry
+
+    async def _extend_inner(
+        self, job_id: str, attempt: int, extension: timedelta, worker_id: str | None
+    ) -> datetime:
+        body: dict[str, Any] = {
+            "job_id": job_id,
+            "attempt": attempt,
+            "lease_ms": _convert.timedelta_to_ms(extension, round_up=True),
+        }
+        if worker_id is not None:
+            body["worker_id"] = worker_id
+        with _otel.client_span("sepp.extend"):
+            answer = await self._call(OP_EXTEND, body, retry_safe=True)
+        expiry_ms = answer.get("lease_expires_at_ms")
+        expiry = _convert.ms_to_datetime(expiry_ms) if type(expiry_ms) is int else None
+        if expiry is None:
+            raise MalformedResponseError("an extend answer needs a valid 'lease_expires_at_ms'")
+        return expiry
+
+    # -- administration ----------------------------------------------------------------------
+
+    async def get_server_info(self) -> ServerInfo:
+        """The server's version, capabilities and global limits."""
+        with _otel.client_span("sepp.get_server_info"):
+            answer = await self._call(OP_SERVER_INFO, {}, retry_safe=True)
+        try:
+            return _convert.server_info_from_wire(answer)
+        except ServerInfoError as exc:
+            raise MalformedServerInfoError(exc) from exc
+
+    async def drain_dead_letters(
+        self, queue: str | None = None, max_records: int = 1
+    ) -> list[DeadLetterRecord]:
+        """Remove and return up to `max_records` dead-lettered jobs (oldest
+        first), of one `queue` or of all.
+
+        Destructive — the records are deleted before the answer is sent — so it
+        is never retried: a lost answer loses that batch. Replay a record with
+        ``client.enqueue(record.to_enqueue_request())``. An empty list looks the
+        same whether nothing is dead or retention is off: see
+        `ServerInfo.dead_letter_retention_enabled`.
+        """
+        body: dict[str, Any] = {"max": max(1, max_records)}
+        if queue is not None:
+            body["queue"] = queue
+        with _otel.client_span("sepp.drain_dead_letters"):
+            answer = await self._call(OP_DRAIN_DEAD_LETTERS, body, retry_safe=False)
+        raw_records = answer.get("records")
+        if not isinstance(raw_records, list):
+            raise MalformedResponseError("a drain answer needs a 'records' array")
+        records: list[DeadLetterRecord] = []
+        for raw in raw_records:
+            try:
+                records.append(_convert.dead_letter_from_wire(raw))
+            except JobConversionError as exc:
+                # Already deleted on the server: say loudly what is lost.
+                logger.error("dropping a dead-letter record the client cannot decode: %s", exc)
+        return records
+
+    async def queue_stats(self, queues: Iterable[str] | None = None) -> list[QueueStats]:
+        """Counts per queue (a sepp addition): of the named queues (an unknown
+        name reports zeros), or of every known queue when `queues` is None."""
+        body: dict[str, Any] = {}
+        if queues is not None:
+            if isinstance(queues, str):
+                raise ValueError("queues must be a sequence of queue names, not one string")
+            body["queues"] = list(queues)
+        answer = await self._call(OP_QUEUE_STATS, body, retry_safe=True)
+        return _convert.queue_stats_from_wire(answer)
+
+    async def health(self) -> HealthStatus:
+        """Whether the server is serving (a sepp addition)."""
+        answer = await self._call(OP_HEALTH, {}, retry_safe=True)
+        status = answer.get("status")
+        if not isinstance(status, str):
+            raise MalformedResponseError("a health answer needs a 'status'")
+        reason = answer.get("reason")
+        return HealthStatus(
+            serving=status == "serving",
+            status=status,
+            reason=reason if isinstance(reason, str) else None,
+        )

@@ -1,0 +1,409 @@
+"""Domain types of the sepp client: what goes into an enqueue and what comes out
+of a reserve, a drain, server info and queue stats.
+
+Owns: the plain value classes of the public API. Names, fields and defaults follow
+sepp-py 0.1.0; our additions (`QueueStats`, `HealthStatus`, the last three fields
+of `ServerInfo`) come after everything sepp-py has, with defaults, so positional
+construction stays compatible. Times are timezone-aware UTC `datetime`s and
+durations are `timedelta`s; the wire's millisecond integers never show here.
+
+Must not import: asyncio, sockets, sepp.core, sepp.storage, sepp.server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from sepp.client.client import Lease
+
+__all__ = [
+    "DeadLetterCause",
+    "DeadLetterRecord",
+    "EnqueueAck",
+    "EnqueueRequest",
+    "HealthStatus",
+    "Job",
+    "JobCtx",
+    "Payload",
+    "Primitive",
+    "Priority",
+    "PriorityOutOfRangeError",
+    "QueueStats",
+    "ReserveOptions",
+    "ServerInfo",
+    "TraceContext",
+    "TraceContextError",
+]
+
+# A reserve waits this long for a job when the caller does not say.
+DEFAULT_WAIT_TIMEOUT = timedelta(seconds=30)
+
+# The value type of a job's `custom` map.
+Primitive = str | int | float | bool
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A job's body: opaque bytes and an encoding hint such as
+    ``"application/json"``.
+
+    The server stores `data` without looking at it; a queue may restrict the
+    encodings it accepts. The server refuses empty `data` or `encoding`: for a
+    job without a body pass ``payload=None``.
+    """
+
+    data: bytes
+    encoding: str
+
+
+class PriorityOutOfRangeError(ValueError):
+    """A `Priority` outside ``0..9``."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+        super().__init__(f"priority must be an integer from 0 to 9, got {value!r}")
+
+
+@dataclass(frozen=True, order=True)
+class Priority:
+    """A job priority from 0 to 9; jobs with a higher value are reserved first.
+
+    ``Priority(7)`` or the constants `P0` .. `P9` (`MIN` is `P0`, `MAX` is `P9`).
+    """
+
+    value: int
+
+    MIN: ClassVar[Priority]
+    MAX: ClassVar[Priority]
+    P0: ClassVar[Priority]
+    P1: ClassVar[Priority]
+    P2: ClassVar[Priority]
+    P3: ClassVar[Priority]
+    P4: ClassVar[Priority]
+    P5: ClassVar[Priority]
+    P6: ClassVar[Priority]
+    P7: ClassVar[Priority]
+    P8: ClassVar[Priority]
+    P9: ClassVar[Priority]
+
+    def __post_init__(self) -> None:
+        value = self.value
+        if type(value) is not int or not 0 <= value <= 9:
+            raise PriorityOutOfRangeError(value)
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+for _n in range(10):
+    setattr(Priority, f"P{_n}", Priority(_n))
+Priority.MIN = Priority.P0
+Priority.MAX = Priority.P9
+
+
+class TraceContextError(ValueError):
+    """A malformed W3C ``traceparent``."""
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _check_traceparent(traceparent: str) -> None:
+    # version-traceid-spanid-flags: 2, 32, 16 and 2 hex digits; ids not all zero.
+    parts = traceparent.split("-")
+    if len(parts) != 4:
+        raise TraceContextError("traceparent must have four fields separated by '-'")
+    for name, part, width in zip(
+        ("version", "trace id", "span id", "flags"), parts, (2, 32, 16, 2)
+    ):
+        if len(part) != width or not _HEX.issuperset(part):
+            raise TraceContextError(f"traceparent {name} must be {width} hex digits")
+    if set(parts[1]) == {"0"} or set(parts[2]) == {"0"}:
+        raise TraceContextError("traceparent trace id and span id must not be all zeros")
+
+
+@dataclass(frozen=True)
+class TraceContext:
+    """A W3C trace context carried by a job from its producer to its worker.
+
+    `traceparent` is checked on construction. With OpenTelemetry installed the
+    client fills it in from the current span on enqueue and the `Worker` links
+    its processing span to it; build one by hand only to bridge another tracing
+    system.
+    """
+
+    traceparent: str
+    tracestate: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_traceparent(self.traceparent)
+
+    @classmethod
+    def from_current_otel(cls) -> TraceContext | None:
+        """The current OpenTelemetry span as a trace context, or ``None`` when
+        there is no valid span or OpenTelemetry is not installed."""
+        from sepp.client import _otel
+
+        headers = _otel.current_trace_headers()
+        if headers is None:
+            return None
+        try:
+            return cls(*headers)
+        except TraceContextError:
+            return None
+
+    def attach_to_otel(self) -> contextlib.AbstractContextManager[None]:
+        """A context manager that makes this the current OpenTelemetry context
+        inside its block (a no-op without OpenTelemetry)."""
+        from sepp.client import _otel
+
+        return _otel.attach_trace_context(self.traceparent, self.tracestate)
+
+    def otel_span_context(self) -> Any:
+        """This trace context as an OpenTelemetry ``SpanContext`` (for a span
+        link), or ``None`` if invalid or OpenTelemetry is not installed."""
+        from sepp.client import _otel
+
+        return _otel.span_context(self.traceparent, self.tracestate)
+
+
+@dataclass
+class EnqueueRequest:
+    """One job to enqueue.
+
+    `queue` and `job_type` must be non-empty. Everything else is optional and
+    falls back to the queue's defaults on the server. `priority` takes a
+    `Priority` or an int 0..9; `scheduled_at` (naive means UTC) delays delivery
+    until then; `idempotency_key` makes the server drop repeats of this job
+    within its dedup window.
+    """
+
+    queue: str
+    job_type: str
+    payload: Payload | None = None
+    idempotency_key: str | None = None
+    priority: Priority | int | None = None
+    max_attempts: int | None = None
+    custom: Mapping[str, Primitive] = field(default_factory=dict)
+    trace_context: TraceContext | None = None
+    scheduled_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if not self.queue:
+            raise ValueError("queue must not be empty")
+        if not self.job_type:
+            raise ValueError("job_type must not be empty")
+        if self.priority is not None and not isinstance(self.priority, Priority):
+            self.priority = Priority(self.priority)
+
+
+@dataclass(frozen=True)
+class EnqueueAck:
+    """An accepted job: its id, and whether an earlier job with the same
+    idempotency key made this enqueue a no-op (then `job_id` is that job's)."""
+
+    job_id: str
+    deduplicated: bool
+
+
+@dataclass
+class JobCtx:
+    """Everything about a reserved job but its payload, and the handle of its
+    lease.
+
+    Pass it back to `ack`, `nack` and `extend`: its `attempt` fences those
+    calls against a lease that has since been reassigned. `lease_expires_at`
+    is the real deadline, after the server clamped the requested lease.
+    """
+
+    id: str
+    queue: str
+    job_type: str
+    priority: Priority
+    attempt: int
+    max_attempts: int
+    enqueued_at: datetime
+    custom: dict[str, Primitive]
+    trace_context: TraceContext | None
+    lease_expires_at: datetime
+    # When the producer asked for delivery; None for "as soon as possible".
+    scheduled_at: datetime | None = None
+    _lease: Lease | None = field(default=None, repr=False, compare=False)
+
+    async def extend(self, extension: timedelta) -> datetime:
+        """Renew the lease to ``now + extension`` (clamped by the server) and
+        return the new deadline. For the async client only; with
+        `SyncSeppClient` call its ``extend(ctx, extension)``."""
+        if self._lease is None:
+            raise RuntimeError("this JobCtx has no lease: it did not come from reserve()")
+        return await self._lease.extend(extension)
+
+    def __str__(self) -> str:
+        return (
+            f"JobCtx(id={self.id}, job_type={self.job_type}, "
+            f"attempt={self.attempt}/{self.max_attempts}, priority={self.priority.value})"
+        )
+
+
+@dataclass
+class Job:
+    """A reserved job: its payload (``None`` if it has none) and its context."""
+
+    payload: Payload | None
+    ctx: JobCtx
+
+
+@dataclass
+class ReserveOptions:
+    """The parameters of `SeppClient.reserve`.
+
+    `queues` are tried in order. `lease_duration` is required and positive; the
+    server may clamp it. `wait_timeout` (30 s by default) is how long the
+    server holds the call open when nothing is ready. `max_jobs` defaults to 1
+    on the server.
+    """
+
+    queues: Sequence[str]
+    lease_duration: timedelta
+    wait_timeout: timedelta = DEFAULT_WAIT_TIMEOUT
+    worker_id: str | None = None
+    max_jobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.queues, str):
+            raise ValueError("queues must be a sequence of queue names, not one string")
+        self.queues = list(self.queues)
+        if not self.queues:
+            raise ValueError("at least one queue is required")
+        for index, name in enumerate(self.queues):
+            if not name:
+                raise ValueError(f"queue name {index} must not be empty")
+        if self.lease_duration <= timedelta(0):
+            raise ValueError("lease_duration must be positive")
+        if self.max_jobs is not None and self.max_jobs < 1:
+            raise ValueError("max_jobs must be at least 1")
+        if self.worker_id is not None and not self.worker_id:
+            raise ValueError("worker_id must not be empty")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """The server's version, capabilities and global limits.
+
+    The ``max_*`` limits are the ones behind the rejection values, so a
+    producer can check jobs before sending them; a queue may override them.
+    """
+
+    version: str
+    supported_protocol_versions: list[str]
+    server_time: datetime
+    restricts_encodings: bool
+    allowed_encodings: list[str]
+    max_payload_bytes: int
+    max_custom_entries: int
+    max_custom_total_bytes: int
+    max_custom_key_bytes: int
+    max_queue_name_bytes: int
+    max_job_type_bytes: int
+    max_idempotency_key_bytes: int
+    max_schedule_horizon: timedelta
+    max_enqueue_batch: int
+    max_reserve_batch: int
+    max_reserve_queues: int
+    max_wait_timeout: timedelta
+    max_lease_duration: timedelta
+    strict_queues: bool
+    # False means dead jobs are deleted and drain_dead_letters always returns [].
+    dead_letter_retention_enabled: bool
+    # sepp additions (not in sepp-py): the frame limit, retention and persist mode.
+    max_message_bytes: int = 16 * 1024 * 1024
+    dead_letter_retention: timedelta = timedelta(0)
+    persist_mode: str = ""
+
+
+class DeadLetterCause(enum.Enum):
+    """Why a job was dead-lettered."""
+
+    UNSPECIFIED = "unspecified"
+    """Not set, or a cause this client does not know."""
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    """Its last allowed attempt was nacked."""
+    REJECTED = "rejected"
+    """A worker nacked it with `RetryDirective.DEAD_LETTER`."""
+    LEASE_EXPIRED = "lease_expired"
+    """Its lease ran out on the last allowed attempt."""
+    ADMIN = "admin"
+    """An operator dead-lettered it."""
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """A dead-lettered job removed from the server by `drain_dead_letters`.
+
+    `cause`, `last_reason` and `final_attempt` explain the failure;
+    `to_enqueue_request` builds a fresh job to replay it.
+    """
+
+    queue: str
+    job_id: str
+    job_type: str
+    payload: Payload | None
+    priority: Priority
+    max_attempts: int
+    custom: dict[str, Primitive]
+    trace_context: TraceContext | None
+    enqueued_at: datetime
+    scheduled_at: datetime | None
+    cause: DeadLetterCause
+    failed_at: datetime
+    final_attempt: int
+    last_reason: str | None
+
+    def to_enqueue_request(self) -> EnqueueRequest:
+        """An `EnqueueRequest` for the same queue, type, payload, priority,
+        max attempts, custom map and trace context. The replay is a new job (new
+        id, attempts from 1) that runs now: `scheduled_at` is not copied."""
+        return EnqueueRequest(
+            queue=self.queue,
+            job_type=self.job_type,
+            payload=self.payload,
+            priority=self.priority,
+            max_attempts=self.max_attempts or None,
+            custom=dict(self.custom),
+            trace_context=self.trace_context,
+        )
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue's counts from `SeppClient.queue_stats` (a sepp addition).
+
+    `oldest_ready_age` is how long the oldest ready job has waited, ``None``
+    when nothing is ready.
+    """
+
+    name: str
+    ready: int
+    scheduled: int
+    in_flight: int
+    dead_lettered: int
+    oldest_ready_age: timedelta | None
+
+
+@dataclass(frozen=True)
+class HealthStatus:
+    """The answer of `SeppClient.health` (a sepp addition): `serving` while the
+    server accepts commands; otherwise `reason` says why not."""
+
+    serving: bool
+    status: str
+    reason: str | None = None

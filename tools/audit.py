@@ -1,0 +1,330 @@
+"""`sepp-log audit DATA_DIR JOB_ID | --key QUEUE KEY | --queue Q --since T`: the
+history of one job, or the transitions of a queue over a period.
+
+Owns: `audit_jobs` (every event of the jobs asked for, in log order, with the
+attempt each concerns, and each job's current state), `JobHistory`, `JobEntry`,
+`queue_transitions` and `QueueTransitions`.
+
+Promises:
+- The current state is the replayed state's own view of the job (the storage
+  layer's `replay_record` from the newest usable snapshot, as recovery does), not a
+  reinterpretation of its events; for a job no longer in the state, the event that
+  removed it says how it ended (acked, drained, expired, dropped).
+- The log is read once. Records before the replay start are only searched for the
+  job's id (a substring test on the record bytes, at memory speed) and decoded when
+  it occurs; `--key` finds the jobs enqueued under that idempotency key in that
+  queue (several, if the key was reused after its dedup window) and follows each.
+- A job enqueued before the start of the log (retention removed the head) is
+  shown from its first event still in the log, and the report says its earlier
+  history is gone.
+- Queue summaries count, per event type, the events of the queue's jobs whose
+  record time falls in [since, until]; dead letters are split by cause.
+
+Must not import: `sepp.server`, `sepp.client`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from log_format import COMMAND_KIND_NAMES, FormatError, Record, decode_envelope
+from sepp.core.state import STATUS_NAMES, State
+from sepp.storage.replay import ReplayError, replay_record
+from tools.datadir import ERROR, DataDir, Problem
+from tools.events import (
+    DEAD_LETTER_CAUSES,
+    JobQueues,
+    event_fields,
+    event_name,
+    human_fields,
+    job_id_of,
+    json_fields,
+)
+from tools.output import format_time_ms
+from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart
+from tools.states import choose_base
+
+__all__ = [
+    "JobEntry",
+    "JobHistory",
+    "QueueTransitions",
+    "audit_jobs",
+    "queue_transitions",
+]
+
+_ENQUEUED, _NACKED, _LEASE_EXPIRED, _DEAD_LETTERED, _DEDUP_EXPIRED, _REQUEUED = 1, 4, 6, 8, 11, 12
+_ENDINGS = {
+    3: "acked: completed and deleted",
+    9: "dead letter drained (handed to a caller and deleted)",
+    10: "dead letter expired (outlived the retention and deleted)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class JobEntry:
+    """One event of a job's history."""
+
+    seq: int
+    time_ms: int
+    command_kind: int
+    attempt: int | None
+    event: list[Any]
+
+    def human(self) -> str:
+        details = " ".join(
+            part
+            for part in human_fields(self.event).split(" ")
+            if not part.startswith(("job_id=", "attempt="))
+        )
+        attempt = str(self.attempt) if self.attempt is not None else "-"
+        line = f"{self.seq:>8}  {format_time_ms(self.time_ms)}  {event_name(self.event):<18} {attempt:>7}  {details}"
+        return line.rstrip()
+
+    def data(self, job_id: str) -> dict[str, Any]:
+        return {
+            "job_id": job_id,
+            "seq": self.seq,
+            "time": format_time_ms(self.time_ms),
+            "time_ms": self.time_ms,
+            "command": COMMAND_KIND_NAMES.get(self.command_kind, self.command_kind),
+            "event": event_name(self.event),
+            "attempt": self.attempt,
+            "fields": json_fields(self.event),
+        }
+
+
+@dataclass
+class JobHistory:
+    job_id: str
+    entries: list[JobEntry] = field(default_factory=list)
+    # The attempt the next delivery carries, as the events tell it.
+    next_attempt: int | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the history starts with the job's enqueue."""
+        return bool(self.entries) and self.entries[0].event[0] == _ENQUEUED
+
+    def add(self, seq: int, time_ms: int, command_kind: int, event: list[Any]) -> None:
+        fields = event_fields(event)
+        type_id = event[0]
+        attempt = fields.get("attempt")
+        if type_id in (_ENQUEUED, _REQUEUED):
+            attempt, self.next_attempt = 1, 1
+        elif type_id in (_NACKED, _LEASE_EXPIRED) and isinstance(attempt, int):
+            self.next_attempt = attempt + 1
+        elif isinstance(attempt, int):
+            self.next_attempt = attempt
+        else:
+            attempt = self.next_attempt
+        self.entries.append(JobEntry(seq, time_ms, command_kind, attempt, event))
+
+
+def _describe(state: State | None, history: JobHistory) -> dict[str, Any]:
+    """The job's current state, from the replayed state when it holds the job."""
+    job_id = history.job_id
+    if state is not None:
+        job = state.jobs.get(job_id)
+        if job is not None:
+            out: dict[str, Any] = {
+                "status": STATUS_NAMES[job.status],
+                "queue": job.queue,
+                "attempt": job.attempt,
+                "max_attempts": job.max_attempts,
+                "priority": job.priority,
+            }
+            if job.status == 1:  # scheduled
+                out["run_at"] = format_time_ms(job.due_ms)
+            if job.status == 2:  # in flight
+                out["lease_expires_at"] = format_time_ms(job.due_ms)
+                out["worker_id"] = job.worker_id
+            if job.last_reason is not None:
+                out["last_reason"] = job.last_reason
+            return out
+        record = state.dead.get(job_id)
+        if record is not None:
+            return {
+                "status": "dead",
+                "queue": record.job.queue,
+                "cause": DEAD_LETTER_CAUSES.get(record.cause, str(record.cause)),
+                "failed_at": format_time_ms(record.failed_at),
+                "final_attempt": record.final_attempt,
+                "last_reason": record.last_reason,
+            }
+    if not history.entries:
+        return {"status": "unknown", "note": "no event of this job is in the log"}
+    last = history.entries[-1].event
+    if last[0] in _ENDINGS:
+        return {"status": "gone", "note": _ENDINGS[last[0]]}
+    if last[0] == _DEAD_LETTERED and event_fields(last).get("retained") is False:
+        return {"status": "gone", "note": "dead-lettered and dropped (no dead-letter retention)"}
+    return {"status": "unknown", "note": "the replay did not reach the end of the log"}
+
+
+@dataclass
+class AuditResult:
+    histories: dict[str, JobHistory] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    log_first_seq: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(p.severity == ERROR for p in self.problems) else 0
+
+
+def audit_jobs(
+    data_dir: DataDir,
+    *,
+    job_id: str | None = None,
+    key: tuple[str, str] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> AuditResult:
+    """The histories of `job_id`, or of the jobs enqueued with idempotency `key`
+    (queue, key), and their current states."""
+    if (job_id is None) == (key is None):
+        raise ValueError("give a job id or a key")
+    result = AuditResult()
+    needles: list[bytes] = []
+    if job_id is not None:
+        result.histories[job_id] = JobHistory(job_id)
+        needles.append(job_id.encode())
+    if key is not None:
+        needles.append(key[1].encode())
+    base = choose_base(data_dir, newest=True)
+    result.problems.extend(base.problems)
+    state = base.state
+    replaying = state is not None
+    walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
+    rel = ""
+    for item in walker.walk():
+        if type(item) is Record:
+            seq = item.seq
+            if replaying and state is not None and seq > base.seq:
+                try:
+                    replay_record(state, item.body)
+                except ReplayError as exc:
+                    result.problems.append(
+                        Problem(
+                            ERROR, "apply", rel, item.offset, seq, f"record does not replay: {exc}"
+                        )
+                    )
+                    replaying = False
+            body = bytes(item.body)
+            if not any(needle in body for needle in needles):
+                continue
+            try:
+                envelope = decode_envelope(body)
+            except FormatError as exc:
+                result.problems.append(Problem(ERROR, "decode", rel, item.offset, seq, exc.reason))
+                continue
+            for event in envelope.events:
+                history = result.histories.get(job_id_of(event) or "")
+                if key is not None and event[0] in (_ENQUEUED, _DEDUP_EXPIRED):
+                    fields = event_fields(event)
+                    if (fields.get("queue"), fields.get("idempotency_key")) == key:
+                        if event[0] == _ENQUEUED:
+                            found = str(fields["job_id"])
+                            history = result.histories.setdefault(found, JobHistory(found))
+                            needles.append(found.encode())
+                        elif result.histories:
+                            # The key's dedup record lapsed: part of the history of
+                            # the job it last pointed at.
+                            history = list(result.histories.values())[-1]
+                if history is not None:
+                    history.add(seq, envelope.time_ms, envelope.command_kind, event)
+        elif type(item) is SegmentStart:
+            rel = item.segment.rel
+            if result.log_first_seq is None:
+                result.log_first_seq = item.first_seq
+        elif type(item) is Problem:
+            result.problems.append(item)
+            if item.severity == ERROR:
+                replaying = False
+    for history in result.histories.values():
+        history.state = _describe(state if replaying else None, history)
+    return result
+
+
+# ---------------------------------------------------------------- queues
+
+
+@dataclass
+class QueueTransitions:
+    queue: str
+    since_ms: int
+    until_ms: int | None
+    counts: Counter[str] = field(default_factory=Counter)
+    causes: Counter[str] = field(default_factory=Counter)
+    jobs: set[str] = field(default_factory=set)
+    first_seq: int | None = None
+    last_seq: int | None = None
+    records: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(p.severity == ERROR for p in self.problems) else 0
+
+
+def queue_transitions(
+    data_dir: DataDir,
+    queue: str,
+    *,
+    since_ms: int,
+    until_ms: int | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> QueueTransitions:
+    """Count the events of `queue`'s jobs in records timed in [since, until]."""
+    out = QueueTransitions(queue, since_ms, until_ms)
+    index = JobQueues()
+    base = choose_base(data_dir, newest=False)
+    if base.state is not None and base.seq > 0:
+        index.seed(base.state)
+    walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
+    rel = ""
+    for item in walker.walk():
+        if type(item) is Record:
+            try:
+                envelope = decode_envelope(item.body)
+            except FormatError as exc:
+                out.problems.append(
+                    Problem(ERROR, "decode", rel, item.offset, item.seq, exc.reason)
+                )
+                continue
+            time_ms = envelope.time_ms
+            if until_ms is not None and time_ms > until_ms:
+                break
+            if time_ms >= since_ms:
+                touched = False
+                for event in envelope.events:
+                    if index.queue_of(event) != queue:
+                        continue
+                    touched = True
+                    name = event_name(event)
+                    out.counts[name] += 1
+                    if event[0] == _DEAD_LETTERED:
+                        cause = event_fields(event).get("cause")
+                        out.causes[
+                            DEAD_LETTER_CAUSES.get(cause, str(cause))
+                            if isinstance(cause, int)
+                            else "?"
+                        ] += 1
+                    job = job_id_of(event)
+                    if job is not None:
+                        out.jobs.add(job)
+                if touched:
+                    out.records += 1
+                    out.first_seq = out.first_seq if out.first_seq is not None else item.seq
+                    out.last_seq = item.seq
+            index.update(envelope.events)
+        elif type(item) is SegmentStart:
+            rel = item.segment.rel
+        elif type(item) is Problem:
+            out.problems.append(item)
+    return out

@@ -1,0 +1,424 @@
+"""`sepp-log replay DATA_DIR [--until-seq N | --until-time T] [--into NEW_DIR]`:
+the state at a point of the log, and point-in-time recovery.
+
+Owns: `replay_to` (rebuild the state after record N, or after the last record at or
+before time T), `queue_summaries` (per queue: ready, scheduled, in flight, dead,
+the oldest ready job's age, leases outstanding and overdue) and `write_into` (a new
+data directory holding the log cut after record N).
+
+Promises:
+- One replay path: records are applied with `sepp.storage.replay.replay_record`,
+  from the newest usable snapshot at or before N that the log continues (as
+  recovery chooses), else from the empty state when the log starts at seq 1.
+- Read-only over DATA_DIR; records after N are never read, so a log damaged after
+  the point of interest can still be recovered up to it.
+- `--into NEW_DIR` (NEW_DIR absent or empty) writes a directory that `sepp serve`
+  (`Engine.open`) starts from with exactly the replayed state: the snapshot the
+  replay started from (if any), the segment holding that snapshot's seq (or seq 1)
+  and every later segment up to the cut, each copied byte for byte up to the end of
+  its last record, the last one cut right after record N. Everything copied was
+  checksummed on the way. The new directory is then replayed again by the same
+  code and compared with the state at N before success is reported.
+- "Ages" are measured at the state's own clock (the time of the last record
+  applied), not the wall clock: the state at a point in the past is described as
+  it was then.
+
+Must not import: `sepp.server`, `sepp.client`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from log_format import FILE_HEADER_BYTES, FormatError, Record, decode_envelope
+from sepp.core.state import IN_FLIGHT, State
+from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
+from sepp.storage.replay import ReplayError, replay_record
+from tools.datadir import ERROR, WARNING, DataDir, Problem, SegmentFile, SnapshotFile, open_data_dir
+from tools.output import UsageError, format_duration_ms, format_time_ms
+from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart, record_end, scan_segment_file
+from tools.states import choose_base, comparable, describe_difference, paused_gc
+
+__all__ = [
+    "QueueSummary",
+    "ReplayResult",
+    "queue_summaries",
+    "replay_to",
+    "seq_at_time",
+    "write_into",
+]
+
+
+@dataclass
+class ReplayResult:
+    """The state after record `seq` (None if the replay was impossible: see
+    `problems`). `pieces` are the segments read, each with the offset right after
+    its last record at or before `seq` -- what `write_into` copies."""
+
+    state: State | None
+    seq: int
+    time_ms: int | None = None
+    base_seq: int = 0
+    base_snapshot: SnapshotFile | None = None
+    records: int = 0
+    events: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    pieces: list[tuple[SegmentFile, int]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is not None and not any(p.severity == ERROR for p in self.problems)
+
+
+def seq_at_time(
+    data_dir: DataDir, until_ms: int, *, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[int | None, list[Problem]]:
+    """The seq of the last record at or before `until_ms` (0 or first_seq - 1 when
+    every record is later). Record times never go backwards, so only the segment
+    whose first record is the last one at or before the time is read in full."""
+    segments = data_dir.segments
+    if not segments:
+        return 0, []
+    start = segments[0].first_seq
+    for segment in segments[1:]:
+        first_time = _first_record_time(segment, chunk_bytes)
+        if first_time is None or first_time > until_ms:
+            break
+        start = segment.first_seq
+    walker = LogWalker(data_dir, chunk_bytes=chunk_bytes)
+    found = segments[0].first_seq - 1
+    problems: list[Problem] = []
+    for item in walker.walk(from_seq=start):
+        if type(item) is Record:
+            try:
+                time_ms = decode_envelope(item.body).time_ms
+            except FormatError as exc:
+                problems.append(Problem(ERROR, "decode", None, item.offset, item.seq, exc.reason))
+                return None, problems
+            if time_ms > until_ms:
+                break
+            found = item.seq
+        elif type(item) is Problem and item.severity == ERROR:
+            problems.append(item)
+            return None, problems
+    return found, problems
+
+
+def _first_record_time(segment: SegmentFile, chunk_bytes: int) -> int | None:
+    try:
+        first = next(
+            scan_segment_file(segment.path, expected_seq=segment.first_seq, chunk_bytes=chunk_bytes)
+        )
+        if type(first) is Record:
+            return decode_envelope(first.body).time_ms
+    except (OSError, FormatError):
+        pass
+    return None
+
+
+def replay_to(
+    data_dir: DataDir,
+    *,
+    until_seq: int | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> ReplayResult:
+    """The state after record `until_seq` (None: the last record of the log)."""
+    base = choose_base(data_dir, target_seq=until_seq, newest=True)
+    result = ReplayResult(base.state, base.seq, base_seq=base.seq, base_snapshot=base.snapshot)
+    state = base.state
+    if state is None:
+        result.problems.extend(base.problems)
+        return result
+    # A damaged snapshot that recovery would skip is worth a warning: the replay
+    # went on from an older start.
+    result.problems.extend(
+        Problem(WARNING, p.kind, p.file, p.offset, p.seq, f"{p.reason} (skipped)")
+        for p in base.problems
+    )
+    if base.seq > 0 and not data_dir.segments:
+        return _fail(
+            result,
+            "snapshot-ahead",
+            base.snapshot,
+            base.seq,
+            "a snapshot exists but the log is missing (no segment files); recovery refuses",
+        )
+    if until_seq == 0:
+        return result
+    applied = base.seq
+    base_seq = base.seq
+    limit = until_seq if until_seq is not None else 2**64
+    walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
+    segment: SegmentFile | None = None
+    last: Record | None = None  # the last record read at or before the cut
+    records = events = 0
+    time_ms: int | None = None
+    record_cls = Record
+    # Read from the record the start holds (its segment is the first one copied by
+    # --into, so that the log reaches back to the snapshot), apply what follows it.
+    with paused_gc():
+        for item in walker.walk(from_seq=max(base_seq, 1)):
+            if type(item) is record_cls:
+                seq = item.seq
+                if seq > limit:
+                    break
+                if seq > base_seq:
+                    try:
+                        time_ms, count = replay_record(state, item.body)
+                    except ReplayError as exc:
+                        result.problems.append(
+                            Problem(
+                                ERROR,
+                                "apply",
+                                segment.rel if segment else None,
+                                item.offset,
+                                seq,
+                                f"record does not replay: {exc}",
+                            )
+                        )
+                        result.state = None
+                        return result
+                    applied = seq
+                    records += 1
+                    events += count
+                last = item
+                if seq >= limit:
+                    break
+            elif type(item) is SegmentStart:
+                if segment is not None and last is not None:
+                    result.pieces.append((segment, record_end(last)))
+                segment, last = item.segment, None
+            elif type(item) is Problem:
+                result.problems.append(item)
+                if item.severity == ERROR:
+                    result.state = None
+                    return result
+    result.records, result.events, result.time_ms = records, events, time_ms
+    if segment is not None and (last is not None or not result.pieces):
+        # The first segment may start right after the snapshot and hold nothing
+        # at or before the cut: its header alone keeps the log reaching back.
+        end = record_end(last) if last is not None else FILE_HEADER_BYTES
+        result.pieces.append((segment, end))
+    result.seq = applied
+    log_end = walker.last_seq
+    if log_end is None:
+        log_end = data_dir.segments[0].first_seq - 1 if data_dir.segments else 0
+    if until_seq is not None and applied < until_seq:
+        return _fail(
+            result,
+            "log-end",
+            None,
+            until_seq,
+            f"the log ends at seq {log_end}, before the seq asked for",
+        )
+    if base.seq > log_end:
+        return _fail(
+            result,
+            "snapshot-ahead",
+            base.snapshot,
+            base.seq,
+            f"snapshot is newer than the log, which ends at seq {log_end}; recovery refuses",
+        )
+    if result.time_ms is None and state.clock_ms:
+        result.time_ms = state.clock_ms
+    return result
+
+
+def _fail(
+    result: ReplayResult, kind: str, snapshot: SnapshotFile | None, seq: int, reason: str
+) -> ReplayResult:
+    result.problems.append(
+        Problem(ERROR, kind, snapshot.rel if snapshot else None, None, seq, reason)
+    )
+    result.state = None
+    return result
+
+
+# ---------------------------------------------------------------- summaries
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSummary:
+    queue: str
+    ready: int
+    scheduled: int
+    in_flight: int
+    dead: int
+    oldest_ready_enqueued_at: int | None
+    oldest_ready_age_ms: int | None
+    # In-flight jobs whose lease still runs at the state's clock, and those whose
+    # lease has lapsed but that no sweep has expired yet.
+    leases_outstanding: int
+    leases_overdue: int
+    next_lease_expiry: int | None
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "ready": self.ready,
+            "scheduled": self.scheduled,
+            "in_flight": self.in_flight,
+            "dead": self.dead,
+            "oldest_ready_enqueued_at": _iso(self.oldest_ready_enqueued_at),
+            "oldest_ready_age_ms": self.oldest_ready_age_ms,
+            "leases_outstanding": self.leases_outstanding,
+            "leases_overdue": self.leases_overdue,
+            "next_lease_expiry": _iso(self.next_lease_expiry),
+        }
+
+
+def _iso(ms: int | None) -> str | None:
+    return format_time_ms(ms) if ms is not None else None
+
+
+def queue_summaries(state: State) -> list[QueueSummary]:
+    """One summary per queue the state knows, by name."""
+    clock = state.clock_ms
+    leases: dict[str, list[int]] = {}
+    for job in state.jobs.values():
+        if job.status == IN_FLIGHT:
+            leases.setdefault(job.queue, []).append(job.due_ms)
+    out = []
+    for name in sorted(state.queues):
+        q = state.queues[name]
+        oldest = state.oldest_ready_enqueued_at(name)
+        deadlines = leases.get(name, [])
+        running = [d for d in deadlines if d > clock]
+        out.append(
+            QueueSummary(
+                queue=name,
+                ready=q.ready_count,
+                scheduled=q.scheduled_count,
+                in_flight=q.in_flight_count,
+                dead=len(q.dead),
+                oldest_ready_enqueued_at=oldest,
+                oldest_ready_age_ms=clock - oldest if oldest is not None else None,
+                leases_outstanding=len(running),
+                leases_overdue=len(deadlines) - len(running),
+                next_lease_expiry=min(running) if running else None,
+            )
+        )
+    return out
+
+
+def format_table(summaries: list[QueueSummary]) -> list[str]:
+    headers = (
+        "queue",
+        "ready",
+        "scheduled",
+        "in_flight",
+        "dead",
+        "oldest_ready_age",
+        "leases",
+        "overdue",
+        "next_lease_expiry",
+    )
+    rows = [
+        (
+            s.queue,
+            str(s.ready),
+            str(s.scheduled),
+            str(s.in_flight),
+            str(s.dead),
+            format_duration_ms(s.oldest_ready_age_ms) if s.oldest_ready_age_ms is not None else "-",
+            str(s.leases_outstanding),
+            str(s.leases_overdue),
+            format_time_ms(s.next_lease_expiry) if s.next_lease_expiry is not None else "-",
+        )
+        for s in summaries
+    ]
+    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
+    lines = []
+    for row in (headers, *rows):
+        cells = [
+            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+# ---------------------------------------------------------------- --into
+
+
+def check_target(target: str) -> None:
+    """UsageError unless `target` is absent or an empty directory."""
+    if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise UsageError(f"{target}: exists and is not an empty directory")
+
+
+def write_into(result: ReplayResult, target: str) -> list[str]:
+    """Write a new data directory holding the log cut after `result.seq` (see the
+    module docstring). Returns the files written, relative to `target`."""
+    if result.state is None:
+        raise ValueError("no state to write")
+    check_target(target)
+    wal_dir = os.path.join(target, WAL_DIR)
+    snap_dir = os.path.join(target, SNAPSHOT_DIR)
+    os.makedirs(wal_dir, exist_ok=True)
+    os.makedirs(snap_dir, exist_ok=True)
+    written = []
+    if result.base_snapshot is not None and result.base_seq > 0:
+        name = os.path.basename(result.base_snapshot.path)
+        _copy(result.base_snapshot.path, os.path.join(snap_dir, name), None)
+        written.append(os.path.join(SNAPSHOT_DIR, name))
+    for segment, end in result.pieces:
+        name = os.path.basename(segment.path)
+        _copy(segment.path, os.path.join(wal_dir, name), end)
+        written.append(os.path.join(WAL_DIR, name))
+    for directory in (wal_dir, snap_dir, target):
+        _fsync_dir(directory)
+    return written
+
+
+def _copy(source: str, target: str, length: int | None) -> None:
+    """Copy `length` bytes (all if None) of `source` to a new file, synced."""
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        if length is None:
+            shutil.copyfileobj(src, dst, CHUNK_BYTES)
+        else:
+            remaining = length
+            while remaining:
+                block = src.read(min(CHUNK_BYTES, remaining))
+                if not block:
+                    raise OSError(f"{source} is shorter than {length} bytes")
+                dst.write(block)
+                remaining -= len(block)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_copy(result: ReplayResult, target: str) -> Problem | None:
+    """Replay the new directory and compare with the state it was cut from."""
+    if result.state is None:
+        raise ValueError("no state to compare")
+    again = replay_to(open_data_dir(target), until_seq=result.seq)
+    if again.state is None:
+        problem = next((p for p in again.problems if p.severity == ERROR), None)
+        reason = problem.human() if problem else "no state"
+        return Problem(
+            ERROR, "into", target, None, result.seq, f"the new directory does not replay: {reason}"
+        )
+    a, b = comparable(again.state.canonical()), comparable(result.state.canonical())
+    if a != b:
+        return Problem(
+            ERROR,
+            "into",
+            target,
+            None,
+            result.seq,
+            f"the new directory replays to a different state: {describe_difference(a, b)}",
+        )
+    return None

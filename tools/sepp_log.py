@@ -1,0 +1,624 @@
+"""`sepp-log`: operator commands over a sepp data directory.
+
+    sepp-log verify DATA_DIR
+    sepp-log dump   DATA_DIR [--from-seq N] [--to-seq N] [--since T] [--until T]
+                             [--queue Q] [--job ID] [--type NAME[,NAME]] [--follow]
+    sepp-log replay DATA_DIR [--until-seq N | --until-time T] [--into NEW_DIR]
+    sepp-log audit  DATA_DIR JOB_ID | --key QUEUE IDEMPOTENCY_KEY | --queue Q --since T [--until T]
+    sepp-log stats  DATA_DIR [--rows N]
+    sepp-log repair DATA_DIR --truncate-at SEQ [--backup-dir DIR] [--dry-run]
+
+Every command takes `--json` (JSON lines on stdout, each with a "type") and
+`--no-progress`. Times (T) are ISO-8601; a time without a zone is UTC; times are
+printed as ISO-8601 UTC. A progress bar is drawn on stderr only when stderr is a
+terminal.
+
+Exit codes: 0 success (warnings, such as a torn tail that recovery would truncate,
+do not fail a run); 1 problems found (damage, a snapshot that disagrees with the
+log, a request the data cannot satisfy); 2 usage error.
+
+Every command only reads the data directory -- it works on a stopped server's
+directory and, read-only, on a running server's -- except `repair`, which changes
+it (and must only be run on a stopped server's directory).
+
+Owns: argument parsing, exit codes and the wiring of each command to its module
+(`tools.verify`, `tools.dump`, `tools.replay`, `tools.audit`, `tools.stats`,
+`tools.repair`). Must not import: `sepp.server`, `sepp.client`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from tools.audit import audit_jobs, queue_transitions
+from tools.datadir import Problem, open_data_dir
+from tools.dump import DumpFilter, EventLine, dump
+from tools.events import parse_types
+from tools.output import (
+    Emitter,
+    Progress,
+    UsageError,
+    format_bytes,
+    format_duration_ms,
+    format_time_ms,
+    parse_time,
+)
+from tools.repair import apply_repair, default_backup_dir, plan_repair
+from tools.replay import (
+    check_copy,
+    check_target,
+    format_table,
+    queue_summaries,
+    replay_to,
+    seq_at_time,
+    write_into,
+)
+from tools.stats import MINUTE_MS, collect_stats, histogram_rows, minute_label
+from tools.verify import emit_report, verify
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+
+
+def _progress(
+    args: argparse.Namespace, label: str, total: int, *, streams: bool = False
+) -> Progress:
+    """A progress bar when stderr is a terminal -- and, for a command that streams
+    its output (`streams`), stdout is not: its output is progress enough."""
+    enabled = not args.no_progress and sys.stderr.isatty()
+    if streams and sys.stdout.isatty():
+        enabled = False
+    return Progress(label, total, enabled=enabled)
+
+
+def _problem_printer(out: Emitter) -> Callable[[Problem], None]:
+    def emit(problem: Problem) -> None:
+        out.emit("problem", problem.human(), problem.data())
+
+    return emit
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _verify(args: argparse.Namespace) -> int:
+    data_dir = open_data_dir(args.data_dir)
+    progress = _progress(args, "verify", data_dir.log_bytes)
+    out = Emitter(json_lines=args.json, progress=progress)
+    out.note(
+        f"verifying {data_dir.root}: {len(data_dir.segments)} segments "
+        f"({format_bytes(data_dir.log_bytes)}), {len(data_dir.snapshots)} snapshots"
+    )
+    report = verify(data_dir, on_problem=_problem_printer(out), on_bytes=progress.advance)
+    progress.finish()
+    emit_report(report, out)
+    return report.exit_code
+
+
+def _dump(args: argparse.Namespace) -> int:
+    data_dir = open_data_dir(args.data_dir)
+    filt = DumpFilter(
+        from_seq=args.from_seq,
+        to_seq=args.to_seq,
+        since_ms=parse_time(args.since) if args.since else None,
+        until_ms=parse_time(args.until) if args.until else None,
+        queue=args.queue,
+        job=args.job,
+        types=parse_types(args.type) if args.type else None,
+    )
+    if filt.from_seq is not None and filt.to_seq is not None and filt.from_seq > filt.to_seq:
+        raise UsageError("--from-seq is after --to-seq")
+    progress = _progress(args, "dump", data_dir.log_bytes, streams=True)
+    if args.follow:
+        progress.enabled = False
+    out = Emitter(json_lines=args.json, progress=progress)
+    errors = Emitter(json_lines=args.json, stream=sys.stdout if args.json else sys.stderr)
+
+    def on_event(line: EventLine) -> None:
+        out.emit("event", line.human(), line.data())
+
+    def on_problem(problem: Problem) -> None:
+        progress.hide()
+        errors.emit("problem", f"sepp-log dump: {problem.human()}", problem.data())
+
+    def follow() -> bool:
+        out.flush()
+        time.sleep(args.poll_interval)
+        return True
+
+    result = dump(
+        data_dir,
+        filt,
+        on_event=on_event,
+        on_problem=on_problem,
+        follow=follow if args.follow else None,
+        on_bytes=progress.advance,
+    )
+    progress.finish()
+    return result.exit_code
+
+
+def _replay(args: argparse.Namespace) -> int:
+    data_dir = open_data_dir(args.data_dir)
+    if args.into:
+        check_target(args.into)
+    out = Emitter(json_lines=args.json)
+    errors = _problem_stream(args, "replay")
+    until_seq = args.until_seq
+    if args.until_time is not None:
+        until_ms = parse_time(args.until_time)
+        until_seq, problems = seq_at_time(data_dir, until_ms)
+        for problem in problems:
+            errors(problem)
+        if until_seq is None:
+            return EXIT_PROBLEMS
+        out.note(f"the last record at or before {format_time_ms(until_ms)} is seq {until_seq}")
+    progress = _progress(args, "replay", data_dir.log_bytes)
+    out.progress = progress
+    result = replay_to(data_dir, until_seq=until_seq, on_bytes=progress.advance)
+    progress.finish()
+    for problem in result.problems:
+        errors(problem)
+    state = result.state
+    if state is None:
+        return EXIT_PROBLEMS
+    start = (
+        f"snapshot {result.base_snapshot.rel} (seq {result.base_seq})"
+        if result.base_snapshot is not None
+        else "the empty state"
+    )
+    when = format_time_ms(result.time_ms) if result.time_ms is not None else None
+    out.emit(
+        "state",
+        f"state after seq {result.seq}"
+        + (f" ({when})" if when else "")
+        + f": from {start} + {result.records} records, {result.events} events",
+        {
+            "seq": result.seq,
+            "time": when,
+            "time_ms": result.time_ms,
+            "base_seq": result.base_seq,
+            "base_snapshot": result.base_snapshot.rel if result.base_snapshot else None,
+            "records": result.records,
+            "events": result.events,
+            "jobs": len(state.jobs),
+            "dead": len(state.dead),
+            "dedup": len(state.dedup),
+        },
+    )
+    summaries = queue_summaries(state)
+    if summaries:
+        for line in format_table(summaries):
+            out.note(line)
+    else:
+        out.note("no queues")
+    for summary in summaries:
+        out.emit("queue", None, summary.data())
+    if args.into:
+        written = write_into(result, args.into)
+        mismatch = check_copy(result, args.into)
+        if mismatch is not None:
+            errors(mismatch)
+            return EXIT_PROBLEMS
+        out.emit(
+            "into",
+            f"wrote {args.into}: {', '.join(written) or 'an empty log'}; it replays to the "
+            f"same state (sepp serve --data-dir {args.into} starts from seq {result.seq})",
+            {"dir": args.into, "files": written, "seq": result.seq, "checked": True},
+        )
+    return EXIT_OK if result.ok else EXIT_PROBLEMS
+
+
+def _audit(args: argparse.Namespace) -> int:
+    chosen = sum(x is not None for x in (args.job_id, args.key, args.queue))
+    if chosen != 1:
+        raise UsageError("give exactly one of JOB_ID, --key QUEUE KEY or --queue Q --since T")
+    if args.queue is not None and args.since is None:
+        raise UsageError("--queue needs --since T")
+    if args.queue is None and (args.since is not None or args.until is not None):
+        raise UsageError("--since and --until go with --queue")
+    data_dir = open_data_dir(args.data_dir)
+    progress = _progress(args, "audit", data_dir.log_bytes)
+    out = Emitter(json_lines=args.json, progress=progress)
+    errors = _problem_stream(args, "audit")
+    if args.queue is not None:
+        since_ms = parse_time(args.since)
+        until_ms = parse_time(args.until) if args.until else None
+        summary = queue_transitions(
+            data_dir, args.queue, since_ms=since_ms, until_ms=until_ms, on_bytes=progress.advance
+        )
+        progress.finish()
+        for problem in summary.problems:
+            errors(problem)
+        period = f"{format_time_ms(since_ms)} .. {format_time_ms(until_ms) if until_ms else 'end of log'}"
+        seqs = (
+            f"seqs {summary.first_seq}..{summary.last_seq}, {summary.records} records"
+            if summary.first_seq is not None
+            else "no records"
+        )
+        out.note(f"queue {args.queue}, {period}: {seqs}, {len(summary.jobs)} jobs")
+        width = max((len(name) for name in summary.counts), default=0)
+        for name, count in sorted(summary.counts.items()):
+            causes = ""
+            if name == "JobDeadLettered" and summary.causes:
+                causes = (
+                    "  (" + ", ".join(f"{c} {n}" for c, n in sorted(summary.causes.items())) + ")"
+                )
+            out.note(f"  {name:<{width}}  {count:>8}{causes}")
+        out.emit(
+            "queue-transitions",
+            None,
+            {
+                "queue": args.queue,
+                "since": format_time_ms(since_ms),
+                "until": format_time_ms(until_ms) if until_ms else None,
+                "first_seq": summary.first_seq,
+                "last_seq": summary.last_seq,
+                "records": summary.records,
+                "jobs": len(summary.jobs),
+                "events": dict(sorted(summary.counts.items())),
+                "dead_letter_causes": dict(sorted(summary.causes.items())),
+            },
+        )
+        return summary.exit_code
+    result = audit_jobs(
+        data_dir,
+        job_id=args.job_id,
+        key=(args.key[0], args.key[1]) if args.key else None,
+        on_bytes=progress.advance,
+    )
+    progress.finish()
+    for problem in result.problems:
+        errors(problem)
+    if not result.histories:
+        out.emit(
+            "job",
+            f"no job was enqueued in queue {args.key[0]!r} with idempotency key {args.key[1]!r} "
+            "in the log",
+            {"job_id": None, "queue": args.key[0], "idempotency_key": args.key[1]},
+        )
+        return result.exit_code
+    for history in result.histories.values():
+        out.note(f"job {history.job_id}")
+        if history.entries and not history.complete:
+            out.note(
+                f"  (enqueued before the start of the log, seq {result.log_first_seq}: "
+                "its earlier history is not in the log)"
+            )
+        if history.entries:
+            out.note(f"{'seq':>8}  {'time':<24}  {'event':<18} {'attempt':>7}  details")
+        for entry in history.entries:
+            out.emit("job-event", entry.human(), entry.data(history.job_id))
+        described = ", ".join(
+            str(v) if k == "note" else f"{k} {v}"
+            for k, v in history.state.items()
+            if k != "status" and v is not None
+        )
+        out.emit(
+            "job-state",
+            f"current state: {history.state['status']}" + (f" ({described})" if described else ""),
+            {"job_id": history.job_id, "complete_history": history.complete, **history.state},
+        )
+    return result.exit_code
+
+
+def _stats(args: argparse.Namespace) -> int:
+    data_dir = open_data_dir(args.data_dir)
+    progress = _progress(args, "stats", data_dir.log_bytes)
+    out = Emitter(json_lines=args.json, progress=progress)
+    errors = _problem_stream(args, "stats")
+    stats = collect_stats(data_dir, on_bytes=progress.advance)
+    progress.finish()
+    for problem in stats.problems:
+        errors(problem)
+    seqs = f", seqs {stats.first_seq}..{stats.last_seq}" if stats.first_seq is not None else ""
+    out.note(f"segments:  {stats.segments} ({format_bytes(stats.log_bytes)}){seqs}")
+    snap_bytes = sum(size for _seq, size in stats.snapshots)
+    at = ", ".join(str(seq) for seq, _size in stats.snapshots)
+    out.note(
+        f"snapshots: {len(stats.snapshots)} ({format_bytes(snap_bytes)})"
+        + (f" at seqs {at}" if at else "")
+    )
+    out.note(f"records:   {stats.records}, events: {stats.events}")
+    if stats.first_time_ms is not None and stats.last_time_ms is not None:
+        out.note(
+            f"time:      {format_time_ms(stats.first_time_ms)} .. "
+            f"{format_time_ms(stats.last_time_ms)} "
+            f"({format_duration_ms(stats.last_time_ms - stats.first_time_ms)})"
+        )
+    for title, counter in (
+        ("events by type", stats.by_type),
+        ("records by command", stats.by_command),
+    ):
+        if counter:
+            out.note(f"{title}:")
+            width = max(len(name) for name in counter)
+            for name, count in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
+                out.note(f"  {name:<{width}}  {count:>10}")
+    rows = histogram_rows(stats.per_minute, rows_max=args.rows)
+    if rows:
+        minutes = rows[0][1]
+        out.note(
+            "events per minute"
+            + (f" (averaged over {minutes} minutes a row)" if minutes > 1 else "")
+            + ":"
+        )
+        for start, _minutes, rate, bar in rows:
+            out.note(f"  {minute_label(start)}  {rate:>10.1f}  {bar}")
+    out.emit(
+        "stats",
+        None,
+        {
+            "segments": stats.segments,
+            "bytes": stats.log_bytes,
+            "snapshots": [{"seq": seq, "bytes": size} for seq, size in stats.snapshots],
+            "records": stats.records,
+            "events": stats.events,
+            "first_seq": stats.first_seq,
+            "last_seq": stats.last_seq,
+            "first_time": format_time_ms(stats.first_time_ms)
+            if stats.first_time_ms is not None
+            else None,
+            "last_time": format_time_ms(stats.last_time_ms)
+            if stats.last_time_ms is not None
+            else None,
+            "events_by_type": dict(sorted(stats.by_type.items())),
+            "records_by_command": dict(sorted(stats.by_command.items())),
+        },
+    )
+    for minute, count in sorted(stats.per_minute.items()):
+        out.emit("minute", None, {"minute": format_time_ms(minute * MINUTE_MS), "events": count})
+    return stats.exit_code
+
+
+def _repair(args: argparse.Namespace) -> int:
+    data_dir = open_data_dir(args.data_dir)
+    out = Emitter(json_lines=args.json)
+    errors = _problem_stream(args, "repair")
+    plan = plan_repair(data_dir, args.truncate_at)
+    if plan.refusal is not None:
+        errors(plan.refusal)
+        return EXIT_PROBLEMS
+    backup = args.backup_dir or default_backup_dir(data_dir)
+    steps = plan.describe()
+    header = (
+        f"cut at seq {args.truncate_at}: keep records up to seq {args.truncate_at - 1} ({plan.why})"
+    )
+    out.emit(
+        "repair-plan",
+        header + ("" if steps else "; nothing to change"),
+        {
+            "truncate_at": args.truncate_at,
+            "keep_through": args.truncate_at - 1,
+            "why": plan.why,
+            "steps": steps,
+            "backup_dir": backup,
+            "dry_run": args.dry_run,
+        },
+    )
+    for step in steps:
+        out.note(("  would " if args.dry_run else "  ") + step)
+    if args.dry_run or not plan.changes_anything:
+        return EXIT_OK
+    done = apply_repair(plan, backup)
+    out.emit(
+        "repair-done",
+        f"done; backup in {backup} (REPAIR.txt says how to undo). "
+        f"Check with: sepp-log verify {data_dir.root}",
+        {"backup_dir": backup, "done": done},
+    )
+    return EXIT_OK
+
+
+def _problem_stream(args: argparse.Namespace, command: str) -> Callable[[Problem], None]:
+    """Problems of a command whose stdout is data: stderr in human mode, stdout
+    objects in JSON mode."""
+    errors = Emitter(json_lines=args.json, stream=sys.stdout if args.json else sys.stderr)
+
+    def emit(problem: Problem) -> None:
+        errors.emit("problem", f"sepp-log {command}: {problem.human()}", problem.data())
+
+    return emit
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _seq(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a sequence number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a sequence number is not negative: {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _seq(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("must be between 0 and 3600 seconds")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="never draw a progress bar on stderr"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sepp-log",
+        description="Read, check and repair a sepp data directory (read-only unless told).",
+        epilog="Exit codes: 0 success, 1 problems found, 2 usage error.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    verify_cmd = sub.add_parser(
+        "verify",
+        help="check every segment and snapshot: checksums, sequence, decoding, a full replay",
+        description="Check headers, both checksums of every record, sequence continuity, "
+        "that every envelope decodes and every event applies (a full replay), and that "
+        "every snapshot equals the replayed state at its sequence number. A torn tail "
+        "that recovery would truncate is a warning (exit 0); anything recovery refuses "
+        "is an error (exit 1).",
+    )
+    _common(verify_cmd)
+    verify_cmd.set_defaults(func=_verify)
+
+    dump_cmd = sub.add_parser(
+        "dump",
+        help="print records and their events, streaming, with filters",
+        description="Print every event of the log (one line each, or JSON lines), in "
+        "constant memory. Filters combine: an event is printed when it passes all.",
+    )
+    _common(dump_cmd)
+    dump_cmd.add_argument("--from-seq", type=_seq, metavar="N", help="first record (inclusive)")
+    dump_cmd.add_argument("--to-seq", type=_seq, metavar="N", help="last record (inclusive)")
+    dump_cmd.add_argument("--since", metavar="T", help="records at or after time T (ISO-8601)")
+    dump_cmd.add_argument("--until", metavar="T", help="records at or before time T (ISO-8601)")
+    dump_cmd.add_argument("--queue", metavar="Q", help="events of jobs in queue Q")
+    dump_cmd.add_argument("--job", metavar="JOB_ID", help="events of one job")
+    dump_cmd.add_argument(
+        "--type", metavar="NAMES", help="event types, comma-separated (e.g. JobAcked,JobNacked)"
+    )
+    dump_cmd.add_argument(
+        "--follow", action="store_true", help="keep printing as a live server appends"
+    )
+    dump_cmd.add_argument(
+        "--poll-interval",
+        type=_seconds,
+        default=0.5,
+        metavar="S",
+        help="with --follow: seconds between looks at the log (default 0.5)",
+    )
+    dump_cmd.set_defaults(func=_dump)
+
+    replay_cmd = sub.add_parser(
+        "replay",
+        help="the state at a point of the log; --into writes a data directory cut there",
+        description="Rebuild the state after a record (or at a time) and print, per queue, "
+        "ready, scheduled, in-flight and dead jobs, the oldest ready job's age and the "
+        "leases outstanding. --into NEW_DIR writes a new data directory holding the log "
+        "cut at that point, which `sepp serve` starts from (point-in-time recovery).",
+    )
+    _common(replay_cmd)
+    point = replay_cmd.add_mutually_exclusive_group()
+    point.add_argument("--until-seq", type=_seq, metavar="N", help="after record N (inclusive)")
+    point.add_argument(
+        "--until-time", metavar="T", help="after the last record at or before time T (ISO-8601)"
+    )
+    replay_cmd.add_argument(
+        "--into", metavar="NEW_DIR", help="write a new data directory (absent or empty) cut there"
+    )
+    replay_cmd.set_defaults(func=_replay)
+
+    audit_cmd = sub.add_parser(
+        "audit",
+        help="the whole history of a job, or the transitions of a queue over a period",
+        description="Every event of one job (by id, or by queue and idempotency key) with "
+        "its time, attempt, lease deadline, worker, nack reason and dead-letter cause, "
+        "and its current state; or, with --queue and --since, the count of each kind "
+        "of transition of the queue's jobs over the period.",
+    )
+    _common(audit_cmd)
+    audit_cmd.add_argument("job_id", metavar="JOB_ID", nargs="?", help="the job's id")
+    audit_cmd.add_argument(
+        "--key",
+        nargs=2,
+        metavar=("QUEUE", "IDEMPOTENCY_KEY"),
+        help="the job(s) enqueued in QUEUE with this idempotency key",
+    )
+    audit_cmd.add_argument("--queue", metavar="Q", help="summarise the transitions of queue Q")
+    audit_cmd.add_argument("--since", metavar="T", help="with --queue: from time T (ISO-8601)")
+    audit_cmd.add_argument("--until", metavar="T", help="with --queue: to time T (ISO-8601)")
+    audit_cmd.set_defaults(func=_audit)
+
+    stats_cmd = sub.add_parser(
+        "stats",
+        help="segments, bytes, records, events by type, time range and event rate",
+        description="Count what the log holds and draw the per-minute event rate.",
+    )
+    _common(stats_cmd)
+    stats_cmd.add_argument(
+        "--rows",
+        type=_positive,
+        default=60,
+        metavar="N",
+        help="histogram rows at most (longer ranges average several minutes a row; default 60)",
+    )
+    stats_cmd.set_defaults(func=_stats)
+
+    repair_cmd = sub.add_parser(
+        "repair",
+        help="cut the log at SEQ (operator repair of a log recovery refuses); server stopped",
+        description="Keep records 1..SEQ-1 and remove record SEQ and everything after it "
+        "(and every snapshot of a later state), moving what is removed into a backup "
+        "directory with a note on how to undo. The server must be stopped. Refuses (exit "
+        "1) when the result would not start: damage before SEQ, SEQ past the end or "
+        "before the start of the log, no snapshot to cover a log that starts after seq 1.",
+    )
+    repair_cmd.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
+    repair_cmd.add_argument(
+        "--truncate-at",
+        type=_positive,
+        required=True,
+        metavar="SEQ",
+        help="the first record to remove",
+    )
+    repair_cmd.add_argument(
+        "--backup-dir",
+        metavar="DIR",
+        help="where removed data goes (default DATA_DIR/repair-backup-<UTC time>)",
+    )
+    repair_cmd.add_argument(
+        "--dry-run", action="store_true", help="say what would be done; change nothing"
+    )
+    repair_cmd.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    repair_cmd.set_defaults(func=_repair, no_progress=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits with code 2 on a usage error
+    handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        code = handler(args)
+        sys.stdout.flush()
+        return code
+    except UsageError as exc:
+        print(f"sepp-log {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`sepp-log dump ... | head`): not an error. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
