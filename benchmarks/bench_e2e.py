@@ -67,7 +67,9 @@ class Server:
             "--persist-mode",
             mode,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
         if not line.startswith("sepp listening on "):
@@ -90,7 +92,14 @@ class Server:
 
 
 def loadgen(port: int, pin: bool, **options: Any) -> dict[str, Any]:
-    cmd = [*_taskset("1" if pin else None), sys.executable, "-m", "benchmarks.loadgen", "--port", str(port)]
+    cmd = [
+        *_taskset("1" if pin else None),
+        sys.executable,
+        "-m",
+        "benchmarks.loadgen",
+        "--port",
+        str(port),
+    ]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, list):
@@ -102,13 +111,23 @@ def loadgen(port: int, pin: bool, **options: Any) -> dict[str, Any]:
     return result
 
 
-def one_run(mode: str, connections: int, jobs: int, pin: bool, batch: int = 1, latency: bool = True) -> dict[str, Any]:
+def one_run(
+    mode: str, connections: int, jobs: int, pin: bool, batch: int = 1, latency: bool = True
+) -> dict[str, Any]:
     server = Server(mode, pin)
     try:
         cpu0, t0 = server.cpu(), time.perf_counter()
-        phases = ["enqueue"] if batch > 1 else ["enqueue", "drain"] + (["latency"] if latency else [])
+        phases = (
+            ["enqueue"] if batch > 1 else ["enqueue", "drain"] + (["latency"] if latency else [])
+        )
         result = loadgen(
-            server.port, pin, connections=connections, jobs=jobs, batch=batch, phases=phases, rounds=2000
+            server.port,
+            pin,
+            connections=connections,
+            jobs=jobs,
+            batch=batch,
+            phases=phases,
+            rounds=2000,
         )
         result["server_cpu_share"] = (server.cpu() - cpu0) / (time.perf_counter() - t0)
         return result
@@ -117,21 +136,29 @@ def one_run(mode: str, connections: int, jobs: int, pin: bool, batch: int = 1, l
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--modes", nargs="+", default=["sync_data", "sync_all", "buffer"])
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="concurrency 1/8/64/256 in sync_data")
-    parser.add_argument("--batch", type=int, default=0, help="also measure batch enqueue of this size")
+    parser.add_argument(
+        "--batch", type=int, default=0, help="also measure batch enqueue of this size"
+    )
     parser.add_argument("--no-pin", action="store_true")
     args = parser.parse_args()
     pin = not args.no_pin
 
     print(machine_line())
     probe = fsync_rate()
-    print(f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, {probe['syncs_per_s']:,.0f} syncs/s")
-    print(f"pinning: server on core 0, load generator on core 1: {'yes' if pin and _taskset('0') else 'no'}")
+    print(
+        f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, {probe['syncs_per_s']:,.0f} syncs/s"
+    )
+    print(
+        f"pinning: server on core 0, load generator on core 1: {'yes' if pin and _taskset('0') else 'no'}"
+    )
     rows = []
 
     def add_row(label: str, mode: str, conns: int, results: list[dict[str, Any]]) -> None:
@@ -160,19 +187,38 @@ def main() -> None:
         add_row(f"{args.connections}/{args.connections}", mode, args.connections, results)
     if args.sweep:
         for conns, jobs in SWEEP:
-            results = [one_run("sync_data", conns, jobs, pin, latency=False) for _ in range(args.runs)]
+            results = [
+                one_run("sync_data", conns, jobs, pin, latency=False) for _ in range(args.runs)
+            ]
             add_row("sweep", "sync_data", conns, results)
     if args.batch:
         for mode in args.modes:
-            results = [one_run(mode, args.connections, args.jobs, pin, batch=args.batch) for _ in range(args.runs)]
+            results = [
+                one_run(mode, args.connections, args.jobs, pin, batch=args.batch)
+                for _ in range(args.runs)
+            ]
             add_row(f"batch {args.batch}", mode, args.connections, results)
     print()
     print_table(
-        ["run", "persist mode", "conns", "enqueue jobs/s", "drain jobs/s", "p50 ms", "p99 ms", "p999 ms",
-         "server CPU", "client CPU"],
+        [
+            "run",
+            "persist mode",
+            "conns",
+            "enqueue jobs/s",
+            "drain jobs/s",
+            "p50 ms",
+            "p99 ms",
+            "p999 ms",
+            "server CPU",
+            "client CPU",
+        ],
         rows,
     )
-    print("(medians of", args.runs, "runs; CPU = share of one core; '!' = the load generator was >= 90% busy)")
+    print(
+        "(medians of",
+        args.runs,
+        "runs; CPU = share of one core; '!' = the load generator was >= 90% busy)",
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import os
 import shutil
@@ -126,7 +127,7 @@ async def _snapshot_under_load(engine: Engine, submitters: int) -> dict[str, flo
 
     def longest_gap(start: float, end: float) -> float:
         times = [t for t in completions if start <= t <= end]
-        return max((b - a for a, b in zip(times, times[1:])), default=float("nan"))
+        return max((b - a for a, b in itertools.pairwise(times)), default=float("nan"))
 
     return {
         "snapshot_s": snap_ended - snap_started,
@@ -166,7 +167,9 @@ def _child(action: str, data_dir: str, jobs: int, mixed: bool) -> dict[str, floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", nargs="+", type=int, default=[100_000, 1_000_000])
     parser.add_argument("--mixed-jobs", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)

@@ -65,7 +65,9 @@ async def _run_once(mode: str, submitters: int, commands: int) -> dict[str, floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--modes", nargs="+", default=["sync_data", "buffer"])
     parser.add_argument("--submitters", nargs="+", type=int, default=[1, 8, 64, 256])
     parser.add_argument("--runs", type=int, default=3)
@@ -100,7 +102,15 @@ def main() -> None:
             print(f"  {mode} x{n}: {median(rates):,.0f} commands/s", flush=True)
     print()
     print_table(
-        ["persist mode", "submitters", "median cmd/s", "min", "max", "records/sync", "commands/run"],
+        [
+            "persist mode",
+            "submitters",
+            "median cmd/s",
+            "min",
+            "max",
+            "records/sync",
+            "commands/run",
+        ],
         rows,
     )
 

@@ -116,7 +116,11 @@ async def drain_phase(conns: list[Conn], queue: str, jobs: int) -> dict[str, flo
     started = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in conns))
     elapsed = last_ack[0] - started
-    return {"jobs": done[0], "seconds": elapsed, "jobs_per_s": done[0] / elapsed if elapsed > 0 else 0.0}
+    return {
+        "jobs": done[0],
+        "seconds": elapsed,
+        "jobs_per_s": done[0] / elapsed if elapsed > 0 else 0.0,
+    }
 
 
 async def latency_phase(conn: Conn, queue: str, rounds: int) -> dict[str, float]:

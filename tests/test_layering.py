@@ -56,8 +56,18 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "sepp/protocol": (
         ("sepp.protocol",),
-        ("asyncio", "socket", "ssl", "selectors", "tools", "log_format", "sepp.core",
-         "sepp.storage", "sepp.server", "sepp.client"),
+        (
+            "asyncio",
+            "socket",
+            "ssl",
+            "selectors",
+            "tools",
+            "log_format",
+            "sepp.core",
+            "sepp.storage",
+            "sepp.server",
+            "sepp.client",
+        ),
     ),
     "sepp/client": (
         ("sepp.protocol", "sepp.client", "sepp._version"),
@@ -103,16 +113,22 @@ def _cases() -> list[tuple[str, Path]]:
 
 
 @pytest.mark.parametrize(
-    ("folder", "path"), _cases(), ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else v
+    ("folder", "path"),
+    _cases(),
+    ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else v,
 )
 def test_module_imports_only_what_its_layer_may(folder: str, path: Path) -> None:
     allowed, forbidden = RULES[folder]
     problems = []
     for lineno, module in _imports(path):
         if _matches(module, forbidden):
-            problems.append(f"{path.relative_to(ROOT)}:{lineno} imports {module} (forbidden in {folder})")
+            problems.append(
+                f"{path.relative_to(ROOT)}:{lineno} imports {module} (forbidden in {folder})"
+            )
         elif _matches(module, FIRST_PARTY) and not _matches(module, allowed) and module != "sepp":
-            problems.append(f"{path.relative_to(ROOT)}:{lineno} imports {module} (not allowed in {folder})")
+            problems.append(
+                f"{path.relative_to(ROOT)}:{lineno} imports {module} (not allowed in {folder})"
+            )
     assert not problems, "\n".join(problems)
 
 

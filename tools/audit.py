@@ -43,15 +43,18 @@ from tools.events import (
     job_id_of,
     json_fields,
 )
-from tools.output import format_time_ms
+from tools.output import Emitter, format_time_ms
 from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart
-from tools.states import choose_base
+from tools.states import as_fallback, choose_base, paused_gc
 
 __all__ = [
+    "AuditResult",
     "JobEntry",
     "JobHistory",
     "QueueTransitions",
     "audit_jobs",
+    "emit_histories",
+    "emit_transitions",
     "queue_transitions",
 ]
 
@@ -170,6 +173,8 @@ class AuditResult:
     histories: dict[str, JobHistory] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     log_first_seq: int | None = None
+    # Whether the replay reached the end of the log (the current states are known).
+    replayed: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -196,15 +201,32 @@ def audit_jobs(
     if key is not None:
         needles.append(key[1].encode())
     base = choose_base(data_dir, newest=True)
-    result.problems.extend(base.problems)
+    result.problems.extend(as_fallback(base.problems))
     state = base.state
-    replaying = state is not None
     walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
+    with paused_gc():
+        _search(walker, result, base.seq, state, needles, key)
+    for history in result.histories.values():
+        history.state = _describe(state if result.replayed else None, history)
+    return result
+
+
+def _search(
+    walker: LogWalker,
+    result: AuditResult,
+    base_seq: int,
+    state: State | None,
+    needles: list[bytes],
+    key: tuple[str, str] | None,
+) -> None:
+    """One pass: replay records after `base_seq` into `state`, and collect the
+    events of the jobs asked for (found by a substring test first)."""
+    replaying = state is not None
     rel = ""
     for item in walker.walk():
         if type(item) is Record:
             seq = item.seq
-            if replaying and state is not None and seq > base.seq:
+            if replaying and state is not None and seq > base_seq:
                 try:
                     replay_record(state, item.body)
                 except ReplayError as exc:
@@ -245,9 +267,7 @@ def audit_jobs(
             result.problems.append(item)
             if item.severity == ERROR:
                 replaying = False
-    for history in result.histories.values():
-        history.state = _describe(state if replaying else None, history)
-    return result
+    result.replayed = replaying
 
 
 # ---------------------------------------------------------------- queues
@@ -328,3 +348,73 @@ def queue_transitions(
         elif type(item) is Problem:
             out.problems.append(item)
     return out
+
+
+# ---------------------------------------------------------------- output
+
+
+def emit_histories(result: AuditResult, out: Emitter, *, key: list[str] | None) -> None:
+    """Each job's events and current state (human lines or JSON objects)."""
+    if not result.histories and key is not None:
+        out.emit(
+            "job",
+            f"no job was enqueued in queue {key[0]!r} with idempotency key {key[1]!r} in the log",
+            {"job_id": None, "queue": key[0], "idempotency_key": key[1]},
+        )
+        return
+    for history in result.histories.values():
+        out.note(f"job {history.job_id}")
+        if history.entries and not history.complete:
+            out.note(
+                f"  (enqueued before the start of the log, seq {result.log_first_seq}: "
+                "its earlier history is not in the log)"
+            )
+        if history.entries:
+            out.note(f"{'seq':>8}  {'time':<24}  {'event':<18} {'attempt':>7}  details")
+        for entry in history.entries:
+            out.emit("job-event", entry.human(), entry.data(history.job_id))
+        described = ", ".join(
+            str(v) if k == "note" else f"{k} {v}"
+            for k, v in history.state.items()
+            if k != "status" and v is not None
+        )
+        out.emit(
+            "job-state",
+            f"current state: {history.state['status']}" + (f" ({described})" if described else ""),
+            {"job_id": history.job_id, "complete_history": history.complete, **history.state},
+        )
+
+
+def emit_transitions(summary: QueueTransitions, out: Emitter) -> None:
+    """A queue's transitions over the period."""
+    since_ms, until_ms = summary.since_ms, summary.until_ms
+    period = (
+        f"{format_time_ms(since_ms)} .. {format_time_ms(until_ms) if until_ms else 'end of log'}"
+    )
+    seqs = (
+        f"seqs {summary.first_seq}..{summary.last_seq}, {summary.records} records"
+        if summary.first_seq is not None
+        else "no records"
+    )
+    out.note(f"queue {summary.queue}, {period}: {seqs}, {len(summary.jobs)} jobs")
+    width = max((len(name) for name in summary.counts), default=0)
+    for name, count in sorted(summary.counts.items()):
+        causes = ""
+        if name == "JobDeadLettered" and summary.causes:
+            causes = "  (" + ", ".join(f"{c} {n}" for c, n in sorted(summary.causes.items())) + ")"
+        out.note(f"  {name:<{width}}  {count:>8}{causes}")
+    out.emit(
+        "queue-transitions",
+        None,
+        {
+            "queue": summary.queue,
+            "since": format_time_ms(since_ms),
+            "until": format_time_ms(until_ms) if until_ms else None,
+            "first_seq": summary.first_seq,
+            "last_seq": summary.last_seq,
+            "records": summary.records,
+            "jobs": len(summary.jobs),
+            "events": dict(sorted(summary.counts.items())),
+            "dead_letter_causes": dict(sorted(summary.causes.items())),
+        },
+    )

@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, TextIO
 
 __all__ = [
@@ -47,8 +48,15 @@ class UsageError(Exception):
 def format_time_ms(ms: int) -> str:
     """`2023-11-14T22:13:20.000Z` for 1700000000000. Integer arithmetic, so no float
     rounding ever shifts a millisecond."""
-    moment = _EPOCH + timedelta(milliseconds=ms)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    seconds, millis = divmod(ms, 1000)
+    return f"{_second(seconds)}.{millis:03d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second(seconds: int) -> str:
+    # A log's times cluster (a command batch shares one), and strftime is the
+    # costliest part of a dump line: remember recent seconds.
+    return (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def parse_time(text: str) -> int:

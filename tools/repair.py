@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from log_format import FILE_HEADER_BYTES, Record, encode_segment_header, segment_file_name
+from sepp.storage.fs import RealFileSystem
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
 from tools.datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile
 from tools.output import UsageError
@@ -45,6 +46,8 @@ from tools.segments import LogWalker, SegmentStart
 from tools.states import SnapshotError, load_snapshot_file
 
 __all__ = ["RepairPlan", "apply_repair", "default_backup_dir", "plan_repair"]
+
+_FS = RealFileSystem()
 
 
 @dataclass
@@ -222,16 +225,16 @@ def apply_repair(plan: RepairPlan, backup_dir: str) -> list[str]:
     os.makedirs(backup_snap)
     done: list[str] = []
     for snap in plan.snapshots:
-        _move(snap.path, os.path.join(backup_snap, os.path.basename(snap.path)))
+        shutil.move(snap.path, os.path.join(backup_snap, os.path.basename(snap.path)))
         done.append(f"moved {snap.rel} to {os.path.join(backup_dir, snap.rel)}")
     for segment in reversed(plan.segments):
-        _move(segment.path, os.path.join(backup_wal, os.path.basename(segment.path)))
+        shutil.move(segment.path, os.path.join(backup_wal, os.path.basename(segment.path)))
         done.append(f"moved {segment.rel} to {os.path.join(backup_dir, segment.rel)}")
     if plan.cut is not None:
         name = os.path.basename(plan.cut.path)
         tail = os.path.join(backup_wal, f"{name}.from-offset-{plan.cut_offset}")
         cut_bytes = _copy_tail(plan.cut.path, plan.cut_offset, tail)
-        _truncate(plan.cut.path, plan.cut_offset)
+        _FS.truncate(plan.cut.path, plan.cut_offset)  # ftruncate + fsync
         done.append(
             f"truncated {plan.cut.rel} at offset {plan.cut_offset}; the {cut_bytes} bytes "
             f"cut are in {tail}"
@@ -251,13 +254,9 @@ def apply_repair(plan: RepairPlan, backup_dir: str) -> list[str]:
         backup_dir,
     ):
         if os.path.isdir(directory):
-            _fsync_dir(directory)
+            _FS.fsync_dir(directory)
     _write_notes(plan, backup_dir, done)
     return done
-
-
-def _move(source: str, target: str) -> None:
-    shutil.move(source, target)  # a rename on the same file system, else copy + delete
 
 
 def _copy_tail(path: str, offset: int, target: str) -> int:
@@ -267,23 +266,6 @@ def _copy_tail(path: str, offset: int, target: str) -> int:
         dst.flush()
         os.fsync(dst.fileno())
         return dst.tell()
-
-
-def _truncate(path: str, size: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_notes(plan: RepairPlan, backup_dir: str, done: list[str]) -> None:

@@ -36,21 +36,28 @@ from typing import Any
 
 from log_format import FILE_HEADER_BYTES, FormatError, Record, decode_envelope
 from sepp.core.state import IN_FLIGHT, State
+from sepp.storage.fs import RealFileSystem
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
 from sepp.storage.replay import ReplayError, replay_record
-from tools.datadir import ERROR, WARNING, DataDir, Problem, SegmentFile, SnapshotFile, open_data_dir
-from tools.output import UsageError, format_duration_ms, format_time_ms
+from tools.datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile, open_data_dir
+from tools.output import Emitter, UsageError, format_duration_ms, format_time_ms
 from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart, record_end, scan_segment_file
-from tools.states import choose_base, comparable, describe_difference, paused_gc
+from tools.states import as_fallback, choose_base, comparable, describe_difference, paused_gc
 
 __all__ = [
     "QueueSummary",
     "ReplayResult",
+    "check_copy",
+    "check_target",
+    "emit_state",
+    "format_table",
     "queue_summaries",
     "replay_to",
     "seq_at_time",
     "write_into",
 ]
+
+_FS = RealFileSystem()
 
 
 @dataclass
@@ -92,16 +99,19 @@ def seq_at_time(
     walker = LogWalker(data_dir, chunk_bytes=chunk_bytes)
     found = segments[0].first_seq - 1
     problems: list[Problem] = []
+    rel: str | None = None
     for item in walker.walk(from_seq=start):
         if type(item) is Record:
             try:
                 time_ms = decode_envelope(item.body).time_ms
             except FormatError as exc:
-                problems.append(Problem(ERROR, "decode", None, item.offset, item.seq, exc.reason))
+                problems.append(Problem(ERROR, "decode", rel, item.offset, item.seq, exc.reason))
                 return None, problems
             if time_ms > until_ms:
                 break
             found = item.seq
+        elif type(item) is SegmentStart:
+            rel = item.segment.rel
         elif type(item) is Problem and item.severity == ERROR:
             problems.append(item)
             return None, problems
@@ -134,12 +144,7 @@ def replay_to(
     if state is None:
         result.problems.extend(base.problems)
         return result
-    # A damaged snapshot that recovery would skip is worth a warning: the replay
-    # went on from an older start.
-    result.problems.extend(
-        Problem(WARNING, p.kind, p.file, p.offset, p.seq, f"{p.reason} (skipped)")
-        for p in base.problems
-    )
+    result.problems.extend(as_fallback(base.problems))
     if base.seq > 0 and not data_dir.segments:
         return _fail(
             result,
@@ -342,6 +347,42 @@ def format_table(summaries: list[QueueSummary]) -> list[str]:
     return lines
 
 
+def emit_state(result: ReplayResult, state: State, out: Emitter) -> None:
+    """The state line and the per-queue table (or JSON objects)."""
+    start = (
+        f"snapshot {result.base_snapshot.rel} (seq {result.base_seq})"
+        if result.base_snapshot is not None
+        else "the empty state"
+    )
+    when = format_time_ms(result.time_ms) if result.time_ms is not None else None
+    out.emit(
+        "state",
+        f"state after seq {result.seq}"
+        + (f" ({when})" if when else "")
+        + f": from {start} + {result.records} records, {result.events} events",
+        {
+            "seq": result.seq,
+            "time": when,
+            "time_ms": result.time_ms,
+            "base_seq": result.base_seq,
+            "base_snapshot": result.base_snapshot.rel if result.base_snapshot else None,
+            "records": result.records,
+            "events": result.events,
+            "jobs": len(state.jobs),
+            "dead": len(state.dead),
+            "dedup": len(state.dedup),
+        },
+    )
+    summaries = queue_summaries(state)
+    if summaries:
+        for line in format_table(summaries):
+            out.note(line)
+    else:
+        out.note("no queues")
+    for summary in summaries:
+        out.emit("queue", None, summary.data())
+
+
 # ---------------------------------------------------------------- --into
 
 
@@ -371,7 +412,7 @@ def write_into(result: ReplayResult, target: str) -> list[str]:
         _copy(segment.path, os.path.join(wal_dir, name), end)
         written.append(os.path.join(WAL_DIR, name))
     for directory in (wal_dir, snap_dir, target):
-        _fsync_dir(directory)
+        _FS.fsync_dir(directory)
     return written
 
 
@@ -390,14 +431,6 @@ def _copy(source: str, target: str, length: int | None) -> None:
                 remaining -= len(block)
         dst.flush()
         os.fsync(dst.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_copy(result: ReplayResult, target: str) -> Problem | None:

@@ -165,8 +165,8 @@ def scan_segment_file(
     `expected_seq` should start), classified as `log_format.scan_records` would
     classify the whole file: `Record`* then one terminal item. With `resync`, a
     `Corruption` is followed by `Resync(offset, seq)` and more items when a valid
-    record follows the damage. Offsets are file offsets; a record's body is only
-    valid until the next item is requested -- copy it to keep it.
+    record follows the damage. Offsets are file offsets; a record's body is a view
+    of the chunk it was read in (which it keeps alive: no copy is made).
 
     `on_bytes(n)` is told how many bytes were consumed, chunk by chunk (progress)."""
     if chunk_bytes < RECORD_HEADER_BYTES:
@@ -214,25 +214,29 @@ def scan_segment_file(
                 yield CleanEnd(offset)
                 return
             nxt: tuple[int, int] | None = None
-            whole_file = _WholeFile(fd, size)
-            try:
-                if end == size:
-                    final = _shifted(terminal, off)
-                else:
-                    final = whole_file.first_item(offset, seq)
-                    if type(final) is record_cls:
-                        # Not damage after all: a record cut by the chunk's end.
-                        seq = final.seq + 1
-                        off = record_end(final)
-                        chunk = chunk_bytes
-                        if on_bytes is not None:
-                            on_bytes(off - offset)
-                        yield final
-                        continue
-                if type(final) is Corruption and resync:
-                    nxt = _resync_point(whole_file, final, seq)
-            finally:
-                whole_file.close()
+            if end == size and not (resync and type(terminal) is Corruption):
+                final = _shifted(terminal, off)
+            else:
+                whole_file = _WholeFile(fd, size)
+                try:
+                    final = (
+                        _shifted(terminal, off)
+                        if end == size
+                        else whole_file.first_item(offset, seq)
+                    )
+                    if type(final) is Corruption and resync:
+                        nxt = _resync_point(whole_file, final, seq)
+                finally:
+                    whole_file.close()
+                if type(final) is record_cls:
+                    # Not damage after all: a record cut by the chunk's end.
+                    seq = final.seq + 1
+                    off = record_end(final)
+                    chunk = chunk_bytes
+                    if on_bytes is not None:
+                        on_bytes(off - offset)
+                    yield final
+                    continue
             yield final
             if nxt is None:
                 if on_bytes is not None:

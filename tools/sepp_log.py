@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from tools.audit import audit_jobs, queue_transitions
+from tools.audit import audit_jobs, emit_histories, emit_transitions, queue_transitions
 from tools.datadir import Problem, open_data_dir
 from tools.dump import DumpFilter, EventLine, dump
 from tools.events import parse_types
@@ -43,7 +43,6 @@ from tools.output import (
     Progress,
     UsageError,
     format_bytes,
-    format_duration_ms,
     format_time_ms,
     parse_time,
 )
@@ -51,13 +50,12 @@ from tools.repair import apply_repair, default_backup_dir, plan_repair
 from tools.replay import (
     check_copy,
     check_target,
-    format_table,
-    queue_summaries,
+    emit_state,
     replay_to,
     seq_at_time,
     write_into,
 )
-from tools.stats import MINUTE_MS, collect_stats, histogram_rows, minute_label
+from tools.stats import collect_stats, emit_stats
 from tools.verify import emit_report, verify
 
 __all__ = ["build_parser", "main"]
@@ -119,14 +117,13 @@ def _dump(args: argparse.Namespace) -> int:
     if args.follow:
         progress.enabled = False
     out = Emitter(json_lines=args.json, progress=progress)
-    errors = Emitter(json_lines=args.json, stream=sys.stdout if args.json else sys.stderr)
 
     def on_event(line: EventLine) -> None:
-        out.emit("event", line.human(), line.data())
-
-    def on_problem(problem: Problem) -> None:
-        progress.hide()
-        errors.emit("problem", f"sepp-log dump: {problem.human()}", problem.data())
+        # Only the form that is printed is built (a dump is long).
+        if args.json:
+            out.emit("event", None, line.data())
+        else:
+            out.emit("event", line.human(), {})
 
     def follow() -> bool:
         out.flush()
@@ -137,7 +134,7 @@ def _dump(args: argparse.Namespace) -> int:
         data_dir,
         filt,
         on_event=on_event,
-        on_problem=on_problem,
+        on_problem=_problem_stream(args, "dump", progress),
         follow=follow if args.follow else None,
         on_bytes=progress.advance,
     )
@@ -169,38 +166,7 @@ def _replay(args: argparse.Namespace) -> int:
     state = result.state
     if state is None:
         return EXIT_PROBLEMS
-    start = (
-        f"snapshot {result.base_snapshot.rel} (seq {result.base_seq})"
-        if result.base_snapshot is not None
-        else "the empty state"
-    )
-    when = format_time_ms(result.time_ms) if result.time_ms is not None else None
-    out.emit(
-        "state",
-        f"state after seq {result.seq}"
-        + (f" ({when})" if when else "")
-        + f": from {start} + {result.records} records, {result.events} events",
-        {
-            "seq": result.seq,
-            "time": when,
-            "time_ms": result.time_ms,
-            "base_seq": result.base_seq,
-            "base_snapshot": result.base_snapshot.rel if result.base_snapshot else None,
-            "records": result.records,
-            "events": result.events,
-            "jobs": len(state.jobs),
-            "dead": len(state.dead),
-            "dedup": len(state.dedup),
-        },
-    )
-    summaries = queue_summaries(state)
-    if summaries:
-        for line in format_table(summaries):
-            out.note(line)
-    else:
-        out.note("no queues")
-    for summary in summaries:
-        out.emit("queue", None, summary.data())
+    emit_state(result, state, out)
     if args.into:
         written = write_into(result, args.into)
         mismatch = check_copy(result, args.into)
@@ -237,36 +203,7 @@ def _audit(args: argparse.Namespace) -> int:
         progress.finish()
         for problem in summary.problems:
             errors(problem)
-        period = f"{format_time_ms(since_ms)} .. {format_time_ms(until_ms) if until_ms else 'end of log'}"
-        seqs = (
-            f"seqs {summary.first_seq}..{summary.last_seq}, {summary.records} records"
-            if summary.first_seq is not None
-            else "no records"
-        )
-        out.note(f"queue {args.queue}, {period}: {seqs}, {len(summary.jobs)} jobs")
-        width = max((len(name) for name in summary.counts), default=0)
-        for name, count in sorted(summary.counts.items()):
-            causes = ""
-            if name == "JobDeadLettered" and summary.causes:
-                causes = (
-                    "  (" + ", ".join(f"{c} {n}" for c, n in sorted(summary.causes.items())) + ")"
-                )
-            out.note(f"  {name:<{width}}  {count:>8}{causes}")
-        out.emit(
-            "queue-transitions",
-            None,
-            {
-                "queue": args.queue,
-                "since": format_time_ms(since_ms),
-                "until": format_time_ms(until_ms) if until_ms else None,
-                "first_seq": summary.first_seq,
-                "last_seq": summary.last_seq,
-                "records": summary.records,
-                "jobs": len(summary.jobs),
-                "events": dict(sorted(summary.counts.items())),
-                "dead_letter_causes": dict(sorted(summary.causes.items())),
-            },
-        )
+        emit_transitions(summary, out)
         return summary.exit_code
     result = audit_jobs(
         data_dir,
@@ -277,35 +214,7 @@ def _audit(args: argparse.Namespace) -> int:
     progress.finish()
     for problem in result.problems:
         errors(problem)
-    if not result.histories:
-        out.emit(
-            "job",
-            f"no job was enqueued in queue {args.key[0]!r} with idempotency key {args.key[1]!r} "
-            "in the log",
-            {"job_id": None, "queue": args.key[0], "idempotency_key": args.key[1]},
-        )
-        return result.exit_code
-    for history in result.histories.values():
-        out.note(f"job {history.job_id}")
-        if history.entries and not history.complete:
-            out.note(
-                f"  (enqueued before the start of the log, seq {result.log_first_seq}: "
-                "its earlier history is not in the log)"
-            )
-        if history.entries:
-            out.note(f"{'seq':>8}  {'time':<24}  {'event':<18} {'attempt':>7}  details")
-        for entry in history.entries:
-            out.emit("job-event", entry.human(), entry.data(history.job_id))
-        described = ", ".join(
-            str(v) if k == "note" else f"{k} {v}"
-            for k, v in history.state.items()
-            if k != "status" and v is not None
-        )
-        out.emit(
-            "job-state",
-            f"current state: {history.state['status']}" + (f" ({described})" if described else ""),
-            {"job_id": history.job_id, "complete_history": history.complete, **history.state},
-        )
+    emit_histories(result, out, key=args.key)
     return result.exit_code
 
 
@@ -318,63 +227,7 @@ def _stats(args: argparse.Namespace) -> int:
     progress.finish()
     for problem in stats.problems:
         errors(problem)
-    seqs = f", seqs {stats.first_seq}..{stats.last_seq}" if stats.first_seq is not None else ""
-    out.note(f"segments:  {stats.segments} ({format_bytes(stats.log_bytes)}){seqs}")
-    snap_bytes = sum(size for _seq, size in stats.snapshots)
-    at = ", ".join(str(seq) for seq, _size in stats.snapshots)
-    out.note(
-        f"snapshots: {len(stats.snapshots)} ({format_bytes(snap_bytes)})"
-        + (f" at seqs {at}" if at else "")
-    )
-    out.note(f"records:   {stats.records}, events: {stats.events}")
-    if stats.first_time_ms is not None and stats.last_time_ms is not None:
-        out.note(
-            f"time:      {format_time_ms(stats.first_time_ms)} .. "
-            f"{format_time_ms(stats.last_time_ms)} "
-            f"({format_duration_ms(stats.last_time_ms - stats.first_time_ms)})"
-        )
-    for title, counter in (
-        ("events by type", stats.by_type),
-        ("records by command", stats.by_command),
-    ):
-        if counter:
-            out.note(f"{title}:")
-            width = max(len(name) for name in counter)
-            for name, count in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
-                out.note(f"  {name:<{width}}  {count:>10}")
-    rows = histogram_rows(stats.per_minute, rows_max=args.rows)
-    if rows:
-        minutes = rows[0][1]
-        out.note(
-            "events per minute"
-            + (f" (averaged over {minutes} minutes a row)" if minutes > 1 else "")
-            + ":"
-        )
-        for start, _minutes, rate, bar in rows:
-            out.note(f"  {minute_label(start)}  {rate:>10.1f}  {bar}")
-    out.emit(
-        "stats",
-        None,
-        {
-            "segments": stats.segments,
-            "bytes": stats.log_bytes,
-            "snapshots": [{"seq": seq, "bytes": size} for seq, size in stats.snapshots],
-            "records": stats.records,
-            "events": stats.events,
-            "first_seq": stats.first_seq,
-            "last_seq": stats.last_seq,
-            "first_time": format_time_ms(stats.first_time_ms)
-            if stats.first_time_ms is not None
-            else None,
-            "last_time": format_time_ms(stats.last_time_ms)
-            if stats.last_time_ms is not None
-            else None,
-            "events_by_type": dict(sorted(stats.by_type.items())),
-            "records_by_command": dict(sorted(stats.by_command.items())),
-        },
-    )
-    for minute, count in sorted(stats.per_minute.items()):
-        out.emit("minute", None, {"minute": format_time_ms(minute * MINUTE_MS), "events": count})
+    emit_stats(stats, out, rows_max=args.rows)
     return stats.exit_code
 
 
@@ -417,10 +270,14 @@ def _repair(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _problem_stream(args: argparse.Namespace, command: str) -> Callable[[Problem], None]:
+def _problem_stream(
+    args: argparse.Namespace, command: str, progress: Progress | None = None
+) -> Callable[[Problem], None]:
     """Problems of a command whose stdout is data: stderr in human mode, stdout
     objects in JSON mode."""
-    errors = Emitter(json_lines=args.json, stream=sys.stdout if args.json else sys.stderr)
+    errors = Emitter(
+        json_lines=args.json, stream=sys.stdout if args.json else sys.stderr, progress=progress
+    )
 
     def emit(problem: Problem) -> None:
         errors.emit("problem", f"sepp-log {command}: {problem.human()}", problem.data())

@@ -29,11 +29,12 @@ from sepp.core.snapshot import JOB_ROW_FIELDS
 from sepp.core.state import State
 from sepp.storage.fs import RealFileSystem
 from sepp.storage.snapshots import SnapshotError, load_snapshot
-from tools.datadir import ERROR, DataDir, Problem, SnapshotFile
+from tools.datadir import ERROR, WARNING, DataDir, Problem, SnapshotFile
 
 __all__ = [
     "Base",
     "SnapshotError",
+    "as_fallback",
     "choose_base",
     "comparable",
     "describe_difference",
@@ -130,6 +131,18 @@ def choose_base(data_dir: DataDir, *, target_seq: int | None = None, newest: boo
     return Base(None, 0, None, problems)
 
 
+def as_fallback(problems: list[Problem]) -> list[Problem]:
+    """`choose_base`'s problems for a command that, like recovery, just falls back
+    to an older start: a snapshot it skipped is a warning there (verify keeps the
+    error: the file is damaged all the same)."""
+    return [
+        Problem(WARNING, p.kind, p.file, p.offset, p.seq, f"{p.reason} (skipped)")
+        if p.kind == "snapshot-unusable"
+        else p
+        for p in problems
+    ]
+
+
 # ---------------------------------------------------------------- comparing
 
 
@@ -199,7 +212,14 @@ def _key(value: Any) -> str:
 
 def _value_difference(key: str, a: Any, b: Any) -> str:
     if key == "jobs" and isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        for name, x, y in zip(JOB_ROW_FIELDS, a, b):
+        # A job's canonical tuple lists the fields of a snapshot job row; name
+        # them when the two layouts agree, else number them.
+        names = (
+            JOB_ROW_FIELDS
+            if len(a) == len(JOB_ROW_FIELDS)
+            else tuple(f"field {i}" for i in range(len(a)))
+        )
+        for name, x, y in zip(names, a, b):
             if x != y:
                 return f"{name} {x!r:.40} in the snapshot, {y!r:.40} in the log"
     return f"{a!r:.80} in the snapshot, {b!r:.80} in the log"

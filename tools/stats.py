@@ -21,10 +21,17 @@ from dataclasses import dataclass, field
 from log_format import COMMAND_KIND_NAMES, FormatError, Record, decode_envelope
 from tools.datadir import ERROR, DataDir, Problem
 from tools.events import event_name
-from tools.output import format_time_ms
+from tools.output import Emitter, format_bytes, format_duration_ms, format_time_ms
 from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart
 
-__all__ = ["LogStats", "collect_stats", "histogram_rows"]
+__all__ = [
+    "MINUTE_MS",
+    "LogStats",
+    "collect_stats",
+    "emit_stats",
+    "histogram_rows",
+    "minute_label",
+]
 
 MINUTE_MS = 60_000
 
@@ -125,3 +132,64 @@ def histogram_rows(
 def minute_label(minute: int) -> str:
     """`2023-11-14T22:13Z` for a minute index."""
     return format_time_ms(minute * MINUTE_MS)[:16] + "Z"
+
+
+def emit_stats(stats: LogStats, out: Emitter, *, rows_max: int = 60) -> None:
+    """The counts, the histogram (human) or one object plus one per minute (JSON)."""
+    seqs = f", seqs {stats.first_seq}..{stats.last_seq}" if stats.first_seq is not None else ""
+    out.note(f"segments:  {stats.segments} ({format_bytes(stats.log_bytes)}){seqs}")
+    snap_bytes = sum(size for _seq, size in stats.snapshots)
+    at = ", ".join(str(seq) for seq, _size in stats.snapshots)
+    out.note(
+        f"snapshots: {len(stats.snapshots)} ({format_bytes(snap_bytes)})"
+        + (f" at seqs {at}" if at else "")
+    )
+    out.note(f"records:   {stats.records}, events: {stats.events}")
+    if stats.first_time_ms is not None and stats.last_time_ms is not None:
+        out.note(
+            f"time:      {format_time_ms(stats.first_time_ms)} .. "
+            f"{format_time_ms(stats.last_time_ms)} "
+            f"({format_duration_ms(stats.last_time_ms - stats.first_time_ms)})"
+        )
+    for title, counter in (
+        ("events by type", stats.by_type),
+        ("records by command", stats.by_command),
+    ):
+        if counter:
+            out.note(f"{title}:")
+            width = max(len(name) for name in counter)
+            for name, count in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
+                out.note(f"  {name:<{width}}  {count:>10}")
+    rows = histogram_rows(stats.per_minute, rows_max=rows_max)
+    if rows:
+        minutes = rows[0][1]
+        out.note(
+            "events per minute"
+            + (f" (averaged over {minutes} minutes a row)" if minutes > 1 else "")
+            + ":"
+        )
+        for start, _minutes, rate, bar in rows:
+            out.note(f"  {minute_label(start)}  {rate:>10.1f}  {bar}")
+    out.emit(
+        "stats",
+        None,
+        {
+            "segments": stats.segments,
+            "bytes": stats.log_bytes,
+            "snapshots": [{"seq": seq, "bytes": size} for seq, size in stats.snapshots],
+            "records": stats.records,
+            "events": stats.events,
+            "first_seq": stats.first_seq,
+            "last_seq": stats.last_seq,
+            "first_time": format_time_ms(stats.first_time_ms)
+            if stats.first_time_ms is not None
+            else None,
+            "last_time": format_time_ms(stats.last_time_ms)
+            if stats.last_time_ms is not None
+            else None,
+            "events_by_type": dict(sorted(stats.by_type.items())),
+            "records_by_command": dict(sorted(stats.by_command.items())),
+        },
+    )
+    for minute, count in sorted(stats.per_minute.items()):
+        out.emit("minute", None, {"minute": format_time_ms(minute * MINUTE_MS), "events": count})

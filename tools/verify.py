@@ -191,7 +191,7 @@ def verify(
     walker = LogWalker(data_dir, resync=True, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
     segment_rel = ""
     # The hot loop keeps its counters in locals (attribute stores cost as much as
-    # the checks). `next_apply` is the seq the replay applies next; NEVER once it
+    # the checks). `next_apply` is the seq the replay applies next; `never` once it
     # stopped (or could not start).
     never = -1
     base_seq = base.seq

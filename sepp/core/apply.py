@@ -15,7 +15,7 @@ Must not import: anything outside the standard library and `sepp.core`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from heapq import heappop, heappush
+from heapq import heappush
 from typing import Any
 
 from sepp.core.events import (
@@ -103,6 +103,8 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
     if encoding is not None:
         encoding = strings.get(encoding) or strings.setdefault(encoding, encoding)
     q = state.queues.get(queue) or state.queue(queue)
+    order = state.next_order
+    state.next_order = order + 1
     job = Job(
         job_id,
         queue,
@@ -117,6 +119,7 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
         traceparent,
         tracestate,
         custom,
+        order,
         1,
         READY if run_at is None else SCHEDULED,
         0 if run_at is None else run_at,
@@ -125,9 +128,9 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
     )
     jobs[job_id] = job
     if run_at is None:
-        entry = (enqueued_at, job_id, job)
+        entry = (enqueued_at, order, job)
         job.entry = entry
-        heappush(q.ready[priority], entry)
+        q.ready[priority].push(entry)
         q.ready_count += 1
     else:
         heappush(state.scheduled, (run_at, job_id, job))
@@ -150,12 +153,8 @@ def _apply_reserved(state: State, ev: JobReserved) -> None:
     if job.attempt != ev.attempt:
         raise ApplyError(f"JobReserved attempt {ev.attempt} but job is {job!r}")
     q = state.queues[job.queue]
-    heap = q.ready[job.priority]
-    entry = job.entry
     job.entry = None
-    if heap and heap[0] is entry:
-        heappop(heap)
-        state.prune_ready(heap)
+    q.ready[job.priority].prune()
     q.ready_count -= 1
     q.in_flight_count += 1
     job.status = IN_FLIGHT
@@ -230,9 +229,8 @@ def _apply_dead_lettered(state: State, ev: JobDeadLettered) -> None:
         _leave_flight(state, job)
     elif status == READY:
         q.ready_count -= 1
-        heap = q.ready[job.priority]
         job.entry = None
-        state.prune_ready(heap)
+        q.ready[job.priority].prune()
     elif status == SCHEDULED:
         q.scheduled_count -= 1
         job.status = DEAD
@@ -283,6 +281,9 @@ def _apply_dead_letter_requeued(state: State, ev: DeadLetterRequeued) -> None:
     del q.dead[ev.job_id]
     job.attempt = 1
     job.enqueued_at = ev.enqueued_at
+    # A requeued job joins the back of its band: a new arrival number.
+    job.order = state.next_order
+    state.next_order += 1
     job.scheduled_at = None
     job.last_reason = None
     state.jobs[ev.job_id] = job

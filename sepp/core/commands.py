@@ -66,6 +66,9 @@ class Reserve:
     lease_ms: int
     max_jobs: int = 1
     worker_id: str | None = None
+    # Stop adding jobs once their payloads total more than this (the edge sets it
+    # from its frame limit); one job is always delivered. None = no cap.
+    max_bytes: int | None = None
     KIND: ClassVar[int] = 3
 
     @property

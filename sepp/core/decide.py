@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterator, Mapping
-from heapq import heappop, heappush
+from heapq import heappop, heappush, merge
 from typing import Any, NamedTuple
 
 from sepp.core.commands import (
@@ -488,24 +488,36 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
     want = min(cmd.max_jobs, limits.max_reserve_batch)
     deadline = now + min(cmd.lease_ms, lease_cap)
     picked: list[Job] = []
+    # A reply must fit in one frame: stop adding jobs once their payloads would
+    # pass the cap (one job is always delivered, whatever its size).
+    bytes_left = cmd.max_bytes if cmd.max_bytes is not None else -1
     for name in dict.fromkeys(queues):
         q = state.queues.get(name)
         if q is None or q.ready_count == 0:
             continue
         for prio in range(PRIORITY_LEVELS - 1, -1, -1):
-            heap = q.ready[prio]
-            if not heap:
+            level = q.ready[prio]
+            if not level:
                 continue
             if want - len(picked) == 1:
-                # The common case: the top of a heap is always valid (apply prunes).
-                picked.append(heap[0][2])
+                # The common case: a head is always valid (apply prunes).
+                head = level.head()
+                candidates: Iterator[Any] = iter(() if head is None else (head,))
             else:
-                for entry in _ordered(heap):
-                    job = entry[2]
-                    if job.entry is entry:
-                        picked.append(job)
-                        if len(picked) == want:
-                            break
+                candidates = merge(iter(level.fifo), _ordered(level.heap))
+            for entry in candidates:
+                job = entry[2]
+                if job.entry is not entry:
+                    continue
+                if bytes_left >= 0:
+                    size = len(job.payload_data) if job.payload_data is not None else 0
+                    if picked and size > bytes_left:
+                        want = len(picked)
+                        break
+                    bytes_left = max(0, bytes_left - size)
+                picked.append(job)
+                if len(picked) == want:
+                    break
             if len(picked) == want:
                 break
         if len(picked) == want:

@@ -9,6 +9,8 @@ Must not import: anything outside the standard library and `sepp.core`.
 
 from __future__ import annotations
 
+import itertools
+
 from sepp.core.state import (
     DEAD,
     IN_FLIGHT,
@@ -48,10 +50,12 @@ def check_invariants(state: State) -> None:
             _fail(f"job {job_id} has attempt {job.attempt} of {job.max_attempts}")
         if job_id in state.dead:
             _fail(f"job {job_id} is both live and dead")
+        if not 1 <= job.order < state.next_order:
+            _fail(f"job {job_id} has arrival number {job.order}, next is {state.next_order}")
         q = state.queues[job.queue]
         if job.status == READY:
             entry = job.entry
-            if entry is None or entry[2] is not job or entry[0] != job.enqueued_at:
+            if entry is None or entry[2] is not job or entry[:2] != (job.enqueued_at, job.order):
                 _fail(f"ready job {job_id} has no matching ready entry")
             counts[job.queue][0] += 1
             if job.due_ms != 0 or job.worker_id is not None:
@@ -72,15 +76,29 @@ def check_invariants(state: State) -> None:
     for name, q in state.queues.items():
         valid_ready = 0
         for prio in range(PRIORITY_LEVELS):
-            heap = q.ready[prio]
-            _check_heap(f"queue {name} priority {prio}", heap)
-            if heap and heap[0][2].entry is not heap[0]:
-                _fail(f"queue {name} priority {prio}: stale entry on top of the ready heap")
-            for entry in heap:
+            level = q.ready[prio]
+            where = f"queue {name} priority {prio}"
+            _check_heap(where, level.heap)
+            fifo = list(level.fifo)
+            for a, b in itertools.pairwise(fifo):
+                if not a < b:
+                    _fail(f"{where}: the fifo is out of (enqueued_at, order) order")
+            for head in (
+                level.fifo[0] if level.fifo else None,
+                level.heap[0] if level.heap else None,
+            ):
+                if head is not None and head[2].entry is not head:
+                    _fail(f"{where}: stale entry at a head")
+            for entry in level.entries():
                 if entry[2].entry is entry:
                     valid_ready += 1
-                    if entry[2].priority != prio or entry[2].queue != name:
-                        _fail(f"job {entry[1]} sits in the wrong ready heap")
+                    job = entry[2]
+                    if (
+                        job.priority != prio
+                        or job.queue != name
+                        or entry[:2] != (job.enqueued_at, job.order)
+                    ):
+                        _fail(f"job {job.job_id} sits in the wrong ready level or with a stale key")
         expected = counts[name]
         if (q.ready_count, q.scheduled_count, q.in_flight_count) != tuple(expected):
             _fail(

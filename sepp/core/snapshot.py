@@ -44,6 +44,7 @@ JOB_ROW_FIELDS = (
     "traceparent",
     "tracestate",
     "custom",
+    "order",
     "attempt",
     "status",
     "due_ms",
@@ -61,6 +62,7 @@ def export_meta(state: State) -> dict[str, Any]:
     return {
         "rows_version": SNAPSHOT_ROWS_VERSION,
         "clock_ms": state.clock_ms,
+        "next_order": state.next_order,
         "queues": list(state.queues),
         "jobs": len(state.jobs),
         "dedup": len(state.dedup),
@@ -100,6 +102,10 @@ class StateBuilder:
         if not isinstance(clock, int):
             raise SnapshotContentError("snapshot meta has no clock_ms")
         self.state.clock_ms = clock
+        next_order = meta.get("next_order")
+        if not isinstance(next_order, int) or next_order < 1:
+            raise SnapshotContentError("snapshot meta has no next_order")
+        self.state.next_order = next_order
         for name in meta.get("queues", ()):
             self.state.queue(name)
 
@@ -143,9 +149,11 @@ class StateBuilder:
             q = queues.get(name) or state.queue(name)
             status = job.status
             if status == READY:
-                entry = (job.enqueued_at, job_id, job)
+                # Rows come in arrival order, which is ready order: the push lands
+                # every entry on its level's fifo without sorting.
+                entry = (job.enqueued_at, job.order, job)
                 job.entry = entry
-                q.ready[job.priority].append(entry)
+                q.ready[job.priority].push(entry)
                 q.ready_count += 1
             elif status == SCHEDULED:
                 scheduled.append((job.due_ms, job_id, job))
@@ -186,9 +194,6 @@ class StateBuilder:
         expected = (self.meta.get("jobs"), self.meta.get("dedup"), self.meta.get("dead"))
         if counts != expected:
             raise SnapshotContentError(f"snapshot holds {counts} rows, its meta says {expected}")
-        for q in state.queues.values():
-            for heap in q.ready:
-                heapify(heap)
         heapify(state.scheduled)
         heapify(state.leases)
         heapify(state.dedup_expiry)

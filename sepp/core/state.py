@@ -6,11 +6,16 @@ the read-only queries over them (`JobView` building, stats, next deadline,
 canonical form for comparisons).
 
 Promises:
-- A job is in exactly one of: a ready heap (READY), the scheduled heap (SCHEDULED),
+- A job is in exactly one of: a ready level (READY), the scheduled heap (SCHEDULED),
   the lease heap (IN_FLIGHT), the dead-letter store (DEAD). `invariants.py` checks it.
-- Heaps use lazy deletion: an entry is valid only while the job still matches it
-  (see `ready_entry_valid` and friends). `apply` keeps the *top* of every heap
-  valid, so the head of a heap is always a real candidate.
+- Ready order within a priority is FIFO by original enqueue time, ties by arrival
+  (`Job.order`, a counter assigned when the job is stored). Each priority level is
+  a `ReadyLevel`: a deque for jobs that arrive in order (every fresh enqueue: O(1)
+  in and out) and a heap for the few that come back out of order (redeliveries and
+  promoted scheduled jobs keep their original enqueue time).
+- Indexes use lazy deletion: an entry is valid only while the job still matches it
+  (see `ready_entry_valid` and friends). `apply` keeps the *head* of every deque
+  and heap valid, so a head is always a real candidate.
 - The dead-letter dicts are ordered by `failed_at`, because the state's clock never
   goes backwards and records are appended in apply order.
 
@@ -19,6 +24,7 @@ Must not import: anything outside the standard library and `sepp.core`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from heapq import heappop, heappush
 from typing import Any
@@ -55,6 +61,8 @@ class Job:
         "traceparent",
         "tracestate",
         "custom",
+        # Arrival number, unique in the state: breaks ties of enqueued_at (FIFO).
+        "order",
         # Mutable part.
         "attempt",
         "status",
@@ -81,6 +89,7 @@ class Job:
         traceparent: str | None,
         tracestate: str | None,
         custom: dict[str, Any] | None,
+        order: int,
         attempt: int,
         status: int,
         due_ms: int,
@@ -100,12 +109,13 @@ class Job:
         self.traceparent = traceparent
         self.tracestate = tracestate
         self.custom = custom
+        self.order = order
         self.attempt = attempt
         self.status = status
         self.due_ms = due_ms
         self.worker_id = worker_id
         self.last_reason = last_reason
-        self.entry: tuple[int, str, Job] | None = None
+        self.entry: tuple[int, int, Job] | None = None
 
     def view(self) -> JobView:
         return JobView(
@@ -150,14 +160,59 @@ class DeadLetter:
         )
 
 
+ReadyEntry = tuple[int, int, "Job"]  # (enqueued_at, order, job)
+
+
+class ReadyLevel:
+    """The Ready jobs of one priority of one queue, oldest first."""
+
+    __slots__ = ("fifo", "heap")
+
+    def __init__(self) -> None:
+        # Entries in increasing (enqueued_at, order): appended on the right.
+        self.fifo: deque[ReadyEntry] = deque()
+        # Entries that arrived out of order (older than the fifo's newest).
+        self.heap: list[ReadyEntry] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.fifo) or bool(self.heap)
+
+    def push(self, entry: ReadyEntry) -> None:
+        fifo = self.fifo
+        # `order` is unique, so comparing entries never reaches the job.
+        if not fifo or entry > fifo[-1]:
+            fifo.append(entry)
+        else:
+            heappush(self.heap, entry)
+
+    def head(self) -> ReadyEntry | None:
+        """The oldest entry (valid when `prune` ran after the last change)."""
+        fifo, heap = self.fifo, self.heap
+        if fifo:
+            if heap and heap[0] < fifo[0]:
+                return heap[0]
+            return fifo[0]
+        return heap[0] if heap else None
+
+    def prune(self) -> None:
+        """Drop stale entries from both heads."""
+        fifo, heap = self.fifo, self.heap
+        while fifo and fifo[0][2].entry is not fifo[0]:
+            fifo.popleft()
+        while heap and heap[0][2].entry is not heap[0]:
+            heappop(heap)
+
+    def entries(self) -> list[ReadyEntry]:
+        """Every entry, stale ones included (for checks and snapshots)."""
+        return [*self.fifo, *self.heap]
+
+
 class QueueState:
     __slots__ = ("name", "ready", "ready_count", "scheduled_count", "in_flight_count", "dead")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        # One min-heap per priority level of (enqueued_at, job_id, job): FIFO by
-        # original enqueue time, ties by job id, as the reference orders them.
-        self.ready: list[list[tuple[int, str, Job]]] = [[] for _ in range(PRIORITY_LEVELS)]
+        self.ready: list[ReadyLevel] = [ReadyLevel() for _ in range(PRIORITY_LEVELS)]
         self.ready_count = 0
         self.scheduled_count = 0
         self.in_flight_count = 0
@@ -176,6 +231,8 @@ class State:
         self.config = config if config is not None else CoreConfig()
         # The high-water mark of command times: decide never stamps an earlier one.
         self.clock_ms = 0
+        # The next arrival number (`Job.order`).
+        self.next_order = 1
         # Live jobs (Ready, Scheduled, In-flight) by id.
         self.jobs: dict[str, Job] = {}
         self.queues: dict[str, QueueState] = {}
@@ -208,7 +265,7 @@ class State:
     # -- heap entry validity (lazy deletion) --------------------------------
 
     @staticmethod
-    def ready_entry_valid(entry: tuple[int, str, Job]) -> bool:
+    def ready_entry_valid(entry: ReadyEntry) -> bool:
         return entry[2].entry is entry
 
     @staticmethod
@@ -240,11 +297,6 @@ class State:
         while heap and not self.dedup_entry_valid(heap[0]):
             heappop(heap)
 
-    @staticmethod
-    def prune_ready(heap: list[tuple[int, str, Job]]) -> None:
-        while heap and heap[0][2].entry is not heap[0]:
-            heappop(heap)
-
     # -- queries -------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
@@ -266,7 +318,7 @@ class State:
         q = self.queues.get(queue)
         if q is None or q.ready_count == 0:
             return None
-        heads = [heap[0][0] for heap in q.ready if heap]
+        heads = [head[0] for level in q.ready if (head := level.head()) is not None]
         return min(heads) if heads else None
 
     def dedup_lookup(self, queue: str, key: str, now_ms: int) -> str | None:
@@ -284,11 +336,12 @@ class State:
         for name, q in self.queues.items():
             order: list[str] = []
             for prio in range(PRIORITY_LEVELS - 1, -1, -1):
-                entries = sorted(e for e in q.ready[prio] if self.ready_entry_valid(e))
-                order.extend(e[1] for e in entries)
+                entries = sorted(e for e in q.ready[prio].entries() if self.ready_entry_valid(e))
+                order.extend(e[2].job_id for e in entries)
             ready[name] = order
         return {
             "clock_ms": self.clock_ms,
+            "next_order": self.next_order,
             "jobs": dict(sorted(jobs.items())),
             "ready": ready,
             "counts": {
@@ -324,6 +377,7 @@ def _job_tuple(job: Job) -> tuple[Any, ...]:
         job.traceparent,
         job.tracestate,
         job.custom,
+        job.order,
         job.attempt,
         job.status,
         job.due_ms,
@@ -338,6 +392,6 @@ def job_fields(job: Job) -> list[Any]:
 
 
 def push_ready(q: QueueState, job: Job) -> None:
-    entry = (job.enqueued_at, job.job_id, job)
+    entry = (job.enqueued_at, job.order, job)
     job.entry = entry
-    heappush(q.ready[job.priority], entry)
+    q.ready[job.priority].push(entry)

@@ -30,7 +30,7 @@ def encode_frame(body: bytes) -> bytes:
 class FrameReader:
     """Accumulates received bytes and cuts them into frames."""
 
-    __slots__ = ("_buffer", "_need", "frame_bytes_max")
+    __slots__ = ("_buffer", "_error", "_need", "frame_bytes_max")
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
         if not 1 <= frame_bytes_max <= FRAME_BYTES_CEILING:
@@ -39,6 +39,16 @@ class FrameReader:
         self._buffer = bytearray()
         # Length of the frame being received, once its prefix was read.
         self._need = -1
+        # A framing error met after complete frames in the same feed: those frames
+        # are returned first (they are valid requests and must be answered), and
+        # the error is raised by `raise_pending` / the next `feed`.
+        self._error: Exception | None = None
+
+    def raise_pending(self) -> None:
+        """Raise the framing error found behind the frames last returned, if any."""
+        error = self._error
+        if error is not None:
+            raise error
 
     @property
     def buffered(self) -> int:
@@ -47,7 +57,10 @@ class FrameReader:
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add received bytes; return every frame body now complete, in order.
         Raises FrameTooLarge / ProtocolViolation when the stream breaks framing
-        (the connection must then be closed: the byte stream cannot be resynced)."""
+        (the connection must then be closed: the byte stream cannot be resynced);
+        when complete frames precede the break, they are returned and the error
+        waits for `raise_pending()`."""
+        self.raise_pending()
         buffer = self._buffer
         buffer += data
         frames: list[bytes] = []
@@ -59,10 +72,18 @@ class FrameReader:
                 if end - pos < LENGTH_PREFIX_BYTES:
                     break
                 (need,) = LENGTH_PREFIX.unpack_from(buffer, pos)
+                error: Exception | None = None
                 if need > self.frame_bytes_max:
-                    raise FrameTooLarge(need, self.frame_bytes_max)
-                if need == 0:
-                    raise ProtocolViolation("zero-length frame")
+                    error = FrameTooLarge(need, self.frame_bytes_max)
+                elif need == 0:
+                    error = ProtocolViolation("zero-length frame")
+                if error is not None:
+                    del buffer[:]
+                    self._need = -1
+                    if frames:
+                        self._error = error
+                        return frames
+                    raise error
                 pos += LENGTH_PREFIX_BYTES
             if end - pos < need:
                 break

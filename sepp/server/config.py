@@ -392,7 +392,12 @@ def load_config(
             else:
                 raise ConfigError(section, f"unknown section [{section}] in {source}")
     for name, text in env.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or "__" not in name:
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG:
+            continue
+        if name == "SEPP_QUEUES":
+            queues = _queue_entries(_env_value(text), f"environment {name}")
+            continue
+        if "__" not in name:
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
         if section == "queues":

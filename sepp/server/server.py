@@ -69,6 +69,10 @@ log = logging.getLogger("sepp.server")
 WRITE_BUFFER_HIGH = 1024 * 1024
 WRITE_BUFFER_LOW = 256 * 1024
 
+# Room kept in a reserve answer for everything but the payloads: the envelope and
+# up to 256 jobs' metadata (ids, names, custom maps within their own limits).
+RESERVE_FRAME_OVERHEAD_BYTES_MAX = 4 * 1024 * 1024
+
 EXIT_OK = 0
 EXIT_STORAGE_FAILED = 3
 
@@ -128,6 +132,9 @@ class SeppServer:
         self.max_in_flight = server["max_in_flight_per_connection"]
         self.output_buffer_max = server["output_buffer_bytes_max"]
         self.frame_bytes_max = config.get("limits", "max_message_bytes")
+        self.reserve_payload_bytes_max = self.frame_bytes_max - min(
+            self.frame_bytes_max // 2, RESERVE_FRAME_OVERHEAD_BYTES_MAX
+        )
         self.sweep_interval_ms = config.get("storage", "sweep_interval_ms")
         self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
 
@@ -381,6 +388,11 @@ class SeppServer:
                 if not waiters:
                     break
                 parked = waiters[0]
+                conn = parked.conn
+                if conn.closed or conn.transport is None or conn.transport.is_closing():
+                    # Never lease jobs to a reserve whose answer cannot be delivered.
+                    self.unpark(parked)
+                    continue
                 try:
                     decision, barrier = self.run(parked.command)
                 except (Overloaded, StorageFailed):
@@ -522,6 +534,14 @@ class ClientConnection(asyncio.Protocol):
             if self.closed:
                 return
             self._handle_frame(frame)
+        try:
+            self.reader.raise_pending()
+        except perr.FrameTooLarge as exc:
+            log.warning("closing %s: %s", self.peer, exc)
+            self._refuse(perr.RESOURCE_EXHAUSTED, perr.REASON_FRAME_TOO_LARGE, str(exc))
+        except perr.FramingError as exc:
+            log.warning("closing %s: %s", self.peer, exc)
+            self.close()
 
     # -- output --------------------------------------------------------------------------
 
@@ -734,6 +754,9 @@ class ClientConnection(asyncio.Protocol):
             queues=tuple(body.queues),
             lease_ms=body.lease_ms,
             max_jobs=body.max_jobs,
+            # Keep the answer within one frame of the client's (= our) limit,
+            # leaving room for the envelope and job metadata.
+            max_bytes=server.reserve_payload_bytes_max,
             worker_id=body.worker_id,
         )
         decision, barrier = server.run(command)

@@ -19,8 +19,10 @@ Promises:
 - Snapshots never stall the write path for longer than a `fork()`: the child
   process writes a copy-on-write image of the state while the parent goes on; the
   snapshot is published (rename + directory sync) only once the log up to its
-  sequence number is durable, then covered segments are deleted (subject to the
-  configured log retention).
+  sequence number is synced, then covered segments are deleted (subject to the
+  configured log retention). A failure while writing or publishing a snapshot, or
+  while deleting covered files, is reported and the snapshot abandoned but is not
+  fatal: no acknowledged data depends on it — the log still holds everything.
 
 Must not import: asyncio, sockets.
 """
@@ -147,8 +149,8 @@ class Engine:
         self.closed = False
         self._bytes_since_snapshot = 0
         self._snapshot_thread: threading.Thread | None = None
-        snaps = list_snapshots(fs, self.snap_dir)
-        self.snapshot_seq = snaps[-1][0] if snaps else 0
+        # The snapshot recovery used (damaged newer ones were set aside).
+        self.snapshot_seq = report.snapshot_seq
         self.snapshot_error: BaseException | None = None
         mode = options.snapshot_mode
         if mode == SNAPSHOT_AUTO:
@@ -354,9 +356,9 @@ class Engine:
         return True
 
     def _fork_snapshot_writer(self, tmp: str, seq: int) -> int:
-        # Freeze the heap so the child's garbage collector does not touch (and
-        # copy) every page; the child only reads the state and writes one file.
-        gc.freeze()
+        # The child disables its garbage collector first thing, so it never walks
+        # (and copies, page by page) the parent's heap; it only reads the state and
+        # writes one file. The parent's freeze/threshold settings are left alone.
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child process
             status = 1
@@ -368,7 +370,6 @@ class Engine:
                 status = 1
             finally:
                 os._exit(status)
-        gc.unfreeze()
         return pid
 
     def _finish_snapshot(self, seq: int, tmp: str, pid: int | None) -> None:

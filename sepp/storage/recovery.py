@@ -16,7 +16,7 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 8 | a sequence gap or repeat, inside a segment or between segments | refuse to start |
 | 9 | a bad segment header (not rows 5) or a name/header mismatch | refuse to start |
 | 10 | a snapshot newer than the log | refuse to start |
-| 11 | newest snapshot damaged or incomplete, an older one + the log cover | use the older one, report the skipped file |
+| 11 | newest snapshot damaged or incomplete, an older one + the log cover | use the older one, rename the damaged file `*.damaged` and report it |
 | 12 | no usable snapshot and the log does not start at seq 1 | refuse to start |
 | 13 | a checksummed record that does not decode or apply | refuse to start |
 | 14 | leftover snapshot temp files | delete them |
@@ -59,6 +59,7 @@ from sepp.storage.wal import Segment
 WAL_DIR = "wal"
 SNAPSHOT_DIR = "snapshots"
 SNAPSHOT_TMP_SUFFIX = ".tmp"
+DAMAGED_SUFFIX = ".damaged"
 
 
 class RecoveryError(RuntimeError):
@@ -141,8 +142,15 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     report = RecoveryReport()
     wal_dir = os.path.join(data_dir, WAL_DIR)
     snap_dir = os.path.join(data_dir, SNAPSHOT_DIR)
-    fs.makedirs(wal_dir)
-    fs.makedirs(snap_dir)
+    if not (fs.exists(wal_dir) and fs.exists(snap_dir)):
+        # A new directory entry is durable only once its parent is synced: without
+        # this a power loss right after the first start could lose the whole log.
+        fs.makedirs(wal_dir)
+        fs.makedirs(snap_dir)
+        fs.fsync_dir(data_dir)
+        parent = os.path.dirname(os.path.abspath(data_dir))
+        if parent != os.path.abspath(data_dir):
+            fs.fsync_dir(parent)
 
     # Row 14: a temp file is a snapshot whose publication never finished.
     for name in fs.listdir(snap_dir):
@@ -304,4 +312,15 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
         )
     next_seq = max(expected, base_seq + 1)
     report.last_seq = next_seq - 1
+    # Row 11, once everything else checked out: a damaged snapshot newer than the
+    # one used is set aside (renamed *.damaged, kept for the operator), so it
+    # neither counts as the newest snapshot nor toward the snapshots kept.
+    moved = False
+    for path, _reason in report.skipped_snapshots:
+        if fs.exists(path):
+            fs.rename(path, path + DAMAGED_SUFFIX)
+            report.removed_files.append(path)
+            moved = True
+    if moved:
+        fs.fsync_dir(snap_dir)
     return Recovered(state, segments, next_seq, report)

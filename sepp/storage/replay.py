@@ -38,4 +38,8 @@ def replay_record(state: State, body: bytes | memoryview) -> tuple[int, int]:
             table[event.TYPE](state, event)  # type: ignore[misc]
     except (FormatError, EventDecodeError, ApplyError) as exc:
         raise ReplayError(str(exc)) from exc
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        # A checksummed event whose fields have the wrong types (replay does not
+        # type-check fields; `sepp-log verify` does, with the catalogue).
+        raise ReplayError(f"event with malformed fields: {type(exc).__name__}: {exc}") from exc
     return time_ms, len(events)

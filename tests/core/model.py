@@ -102,6 +102,8 @@ class MJob:
     status: str = READY
     due: int = 0  # Scheduled: when it becomes Ready. In flight: the lease deadline.
     last_reason: str | None = None
+    # Arrival number: ties of enqueued_at are served in arrival order.
+    arrival: int = 0
 
     def delivered(self) -> tuple[Any, ...]:
         """The job as a worker receives it, in JobView field order."""
@@ -143,8 +145,13 @@ class Model:
         # Set by each command: its decision time and the queues that gained Ready jobs.
         self.time = 0
         self.woken: set[str] = set()
+        self.arrivals = 0
 
     # -- helpers ---------------------------------------------------------------
+
+    def _arrive(self) -> int:
+        self.arrivals += 1
+        return self.arrivals
 
     def policy(self, queue: str) -> QueuePolicy:
         return self.config.queues.get(queue, self.config.defaults)
@@ -324,6 +331,7 @@ class Model:
         if atomic and failures:
             return ("atomic_rejected", failures)
         for new in created:
+            new.arrival = self._arrive()
             self.jobs[new.job_id] = new
             self.queues.add(new.queue)
             if new.status == READY:
@@ -357,7 +365,7 @@ class Model:
         picked: list[MJob] = []
         for name in dict.fromkeys(queues):
             ready = [j for j in self.jobs.values() if j.queue == name and j.status == READY]
-            ready.sort(key=lambda j: (-j.priority, j.enqueued_at, j.job_id))
+            ready.sort(key=lambda j: (-j.priority, j.enqueued_at, j.arrival))
             picked.extend(ready[: want - len(picked)])
         for job in picked:
             job.status = IN_FLIGHT
@@ -502,6 +510,7 @@ class Model:
             job = record.job
             job.attempt = 1
             job.enqueued_at = t
+            job.arrival = self._arrive()
             job.scheduled_at = None
             job.last_reason = None
             self._make_ready(job)

@@ -94,7 +94,10 @@ def raw_layout(state: State) -> Any:
     """Everything canonical() leaves out: heap layouts (with stale entries), each
     job's ready-entry identity, dict orders."""
     return (
-        [[list(heap) for heap in q.ready] for q in state.queues.values()],
+        [
+            [(list(level.fifo), list(level.heap)) for level in q.ready]
+            for q in state.queues.values()
+        ],
         list(state.scheduled),
         list(state.leases),
         list(state.dedup_expiry),

@@ -77,19 +77,6 @@ async def wait_until(
         await asyncio.sleep(0.01)
 
 
-def wait_until_sync(
-    predicate: Callable[[], Any], timeout: float = ANSWER_TIMEOUT_S, what: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
 # -- the raw client ------------------------------------------------------------------
 
 

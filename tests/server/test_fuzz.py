@@ -170,8 +170,31 @@ def exchange(address: str, data: bytes, *, hello: bool) -> tuple[list[pm.Respons
     return responses, reset
 
 
-def assert_still_serving(server, queue: str) -> None:
+# Longer than any generated text: no fuzzed request can name it.
+BYSTANDER_QUEUE = "bystander-queue-that-no-generated-name-can-match"
+
+
+def plant_bystander_jobs(server) -> list[str]:
+    stream = encode_frame(
+        pm.encode_request(1, "enqueue", {"jobs": [{"queue": BYSTANDER_QUEUE, "job_type": "t"}] * 3})
+    )
+    responses, _ = exchange(server.address, stream, hello=True)
+    return [r["job_id"] for r in responses[0].body["results"]]
+
+
+def assert_still_serving(server, queue: str, bystander_ids: list[str]) -> None:
+    """The process is alive, a fresh connection runs a job through, and the jobs
+    planted before the fuzzing are all still there, untouched."""
     assert server.proc.poll() is None, server.log()
+    stream = encode_frame(
+        pm.encode_request(
+            9, "reserve", {"queues": [BYSTANDER_QUEUE], "lease_ms": 60_000, "max_jobs": 10}
+        )
+    )
+    responses, _ = exchange(server.address, stream, hello=True)
+    jobs = responses[0].body["jobs"]
+    assert sorted(j["id"] for j in jobs) == sorted(bystander_ids)
+    assert all(j["attempt"] == 1 for j in jobs)
     stream = b"".join(
         encode_frame(pm.encode_request(i, op, body))
         for i, op, body in [
@@ -190,6 +213,7 @@ def assert_still_serving(server, queue: str) -> None:
 
 def test_arbitrary_msgpack_values_as_frames_get_typed_answers_or_a_close(server_factory):
     server = server_factory(env=FUZZ_ENV)
+    bystander_ids = plant_bystander_jobs(server)
 
     @SUFFICIENT
     @given(frames=st.lists(msgpack_values, min_size=1, max_size=4), hello=st.booleans())
@@ -198,12 +222,13 @@ def test_arbitrary_msgpack_values_as_frames_get_typed_answers_or_a_close(server_
         exchange(server.address, data, hello=hello)
 
     run()
-    assert_still_serving(server, "fuzz-values")
+    assert_still_serving(server, "fuzz-values", bystander_ids)
     assert "Traceback" not in server.log()
 
 
 def test_mutated_valid_frames_get_typed_answers_or_a_close(server_factory):
     server = server_factory(env=FUZZ_ENV)
+    bystander_ids = plant_bystander_jobs(server)
     requests = valid_requests("fuzz-q")
     frames = [encode_frame(pm.pack(r)) for r in requests]
 
@@ -218,7 +243,7 @@ def test_mutated_valid_frames_get_typed_answers_or_a_close(server_factory):
         exchange(server.address, Mutation.apply(stream, edits), hello=hello)
 
     run()
-    assert_still_serving(server, "fuzz-mutations")
+    assert_still_serving(server, "fuzz-mutations", bystander_ids)
     assert "Traceback" not in server.log()
 
 

@@ -22,7 +22,6 @@ from tests.server.conftest import (
     job,
     payload,
     wait_until,
-    wait_until_sync,
 )
 
 # The payload limit must fit in a frame.
@@ -328,7 +327,8 @@ async def test_a_client_that_floods_and_never_reads_is_disconnected_past_the_out
     flooder.send_raw(
         b"".join(encode_frame(pm.encode_request(i, "server_info", {})) for i in range(2, count))
     )
-    wait_until_sync(
+    # Async polling: the event loop must keep pushing the flood out meanwhile.
+    await wait_until(
         lambda: "it stopped reading" in server.log(),
         what="the server to drop the client that does not read",
     )
@@ -432,6 +432,7 @@ async def test_a_connection_that_sends_no_hello_is_closed_after_the_handshake_ti
     server_factory, bystander_queue
 ):
     server = server_factory(env={"SEPP_SERVER__HANDSHAKE_TIMEOUT_MS": "200"})
+    bystander = await attacked(server, bystander_queue)
     early = await connect(server.address)
     idle = await RawClient.connect(server.address)
     health_only = await RawClient.connect(server.address)
@@ -442,6 +443,7 @@ async def test_a_connection_that_sends_no_hello_is_closed_after_the_handshake_ti
     # A connection that said hello in time is not affected.
     assert await early.ok("health") == {"status": "serving"}
     assert not early.closed
+    await bystander.check(server.address)
 
 
 async def test_hostile_clients_in_parallel_do_not_disturb_a_busy_worker(

@@ -265,11 +265,6 @@ async def test_every_frame_of_one_read_is_handled_in_order():
         assert not t.closed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug (FrameReader.feed): the frames completed before an oversized or "
-    "zero-length prefix in the same read are dropped unanswered",
-)
 @pytest.mark.parametrize(
     "bad_prefix", [struct.pack(">I", 2**31), b"\x00\x00\x00\x00"], ids=["oversized", "zero-length"]
 )

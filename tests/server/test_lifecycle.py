@@ -332,17 +332,19 @@ async def test_jobs_of_one_priority_come_out_in_enqueue_order(sepp_server, queue
     assert [d["job_type"] for d in delivered] == [f"step{i}" for i in range(5)]
 
 
-async def test_a_reserve_batch_is_ordered_by_priority_then_enqueue_time_then_id(
+async def test_a_reserve_batch_is_ordered_by_priority_then_enqueue_time_then_arrival(
     sepp_server, queue_names, rng
 ):
     client = await connect(sepp_server.address)
     q = next(queue_names)
+    arrival: dict[str, int] = {}
     for _ in range(4):
         batch = [job(q, priority=rng.randrange(10)) for _ in range(rng.randrange(1, 20))]
-        await client.enqueue_ids(*batch)
+        for job_id in await client.enqueue_ids(*batch):
+            arrival[job_id] = len(arrival)
         await wait_server_tick(client, await client.server_time())
     delivered = await client.reserve([q], max_jobs=256)
-    keys = [(-d["priority"], d["enqueued_at_ms"], d["id"]) for d in delivered]
+    keys = [(-d["priority"], d["enqueued_at_ms"], arrival[d["id"]]) for d in delivered]
     assert keys == sorted(keys)
     assert (await client.stats(q))["ready"] == 0
 

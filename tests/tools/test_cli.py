@@ -120,6 +120,17 @@ def test_problems_the_data_cannot_satisfy_exit_1(
     data = str(scripted.data_dir)
     assert run_main(["replay", data, "--until-seq", "99"], capsys)[0] == 1
     assert run_main(["repair", data, "--truncate-at", "99"], capsys)[0] == 1
+    path, record = locate(scripted.data_dir, 20)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 1)
+    code, out, err = run_main(["dump", data], capsys)
+    assert code == 1
+    assert out.splitlines()[-1].startswith("19 ")
+    assert err == (
+        f"sepp-log dump: ERROR corruption: wal/00000000000000000013.log offset {record.offset} "
+        "seq 20: bad body checksum\n"
+    )
+    assert run_main(["stats", data], capsys)[0] == 1
+    assert run_main(["audit", data, numbered_id(2)], capsys)[0] == 1
 
 
 @pytest.mark.parametrize(

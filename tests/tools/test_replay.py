@@ -30,7 +30,7 @@ from tests.tools.helpers import (
     snapshot_paths,
     tree,
 )
-from tools.datadir import ERROR, Problem, open_data_dir
+from tools.datadir import ERROR, WARNING, Problem, open_data_dir
 from tools.output import UsageError, parse_time
 from tools.replay import (
     QueueSummary,
@@ -265,3 +265,29 @@ def test_replay_ignores_the_torn_tail_of_a_live_log(tmp_path: Path) -> None:
         with open(segment, "r+b") as handle:
             handle.truncate(segment.stat().st_size - 3)
         live.close()
+
+
+def test_a_damaged_newest_snapshot_is_skipped_as_recovery_skips_it(tmp_path: Path) -> None:
+    live = scripted_log(tmp_path / "data", snapshot_at=(10, 30))
+    live.close()
+    newest = snapshot_paths(live.data_dir)[-1]
+    flip_bit(newest, 32 + RECORD_HEADER_BYTES + 3)
+    result = replay_to(open_data_dir(str(live.data_dir)))
+    assert result.problems == [
+        Problem(
+            WARNING,
+            "snapshot-unusable",
+            f"snapshots/{newest.name}",
+            32,
+            30,
+            "bad body checksum (skipped)",
+        )
+    ]
+    assert result.base_seq == 10
+    assert result.state is not None
+    assert result.state.canonical() == live.canonical[40]
+    engine = Engine.open(str(live.data_dir), CONFIG, options())
+    try:
+        assert engine.recovery_report.snapshot_seq == 10
+    finally:
+        engine.close()

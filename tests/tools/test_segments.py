@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 
-from log_format import FILE_HEADER_BYTES, Record, SegmentHeader, read_segment
+from log_format import (
+    FILE_HEADER_BYTES,
+    CleanEnd,
+    Corruption,
+    Record,
+    SegmentHeader,
+    decode_segment_header,
+    find_next_valid_record,
+    read_segment,
+    scan_records,
+)
 from tests.tools.helpers import (
     record_size,
     records_of,
@@ -99,6 +109,66 @@ def test_reader_classifies_damaged_segments_exactly_as_read_segment(
             assert _tools(path, chunk_bytes) == expected, (what, chunk_bytes)
 
 
+def _reference_resync(data: bytes, first_seq: int) -> list[Any]:
+    """The resync rule applied to whole-file scans: after a Corruption, go on at the
+    record of a sequence gap, else at the next valid record the format's search
+    finds (seq >= the one expected)."""
+    out: list[Any] = []
+    off, seq = FILE_HEADER_BYTES, first_seq
+    while True:
+        items = list(scan_records(data, start_offset=off, expected_seq=seq))
+        for item in items:
+            if type(item) is Record:
+                seq = item.seq + 1
+            out.append(_normal(item))
+        last = items[-1]
+        if type(last) is not Corruption:
+            return out
+        if last.seq is not None and last.reason.startswith("sequence gap"):
+            nxt: tuple[int, int] | None = (last.offset, last.seq)
+        else:
+            nxt = find_next_valid_record(data, start=last.offset + 1, min_seq=seq)
+        if nxt is None:
+            return out
+        out.append(Resync(*nxt))
+        off, seq = nxt
+
+
+def test_reader_resyncs_after_every_damage_as_the_format_search_does(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    live = scripted_log(tmp_path / "data")
+    live.close()
+    sources = segment_paths(tmp_path / "data")
+    for case in range(100):
+        source = rng.choice(sources)
+        damaged = source.read_bytes()
+        for _ in range(rng.randrange(1, 4)):
+            offsets = [r.offset for r in _valid_records(damaged)] + [len(damaged)]
+            if len(offsets) < 2:
+                break
+            _what, damaged = _damage(damaged, rng, offsets)
+        path = tmp_path / f"case{case}" / source.name
+        path.parent.mkdir()
+        path.write_bytes(damaged)
+        first_seq = int(source.stem)
+        expected = _reference_resync(damaged, first_seq)
+        for chunk_bytes in (24, rng.randrange(24, 3000), 1 << 20):
+            items = scan_segment_file(
+                str(path), expected_seq=first_seq, chunk_bytes=chunk_bytes, resync=True
+            )
+            assert [_normal(item) for item in items] == expected, (case, chunk_bytes)
+
+
+def _valid_records(data: bytes) -> list[Record]:
+    first_seq = decode_segment_header(data).first_seq
+    return [
+        item
+        for item in scan_records(data, start_offset=FILE_HEADER_BYTES, expected_seq=first_seq)
+        if type(item) is Record
+    ]
+
+
 def test_reader_reads_a_record_larger_than_a_chunk(tmp_path: Path) -> None:
     live = scripted_log(tmp_path / "data")
     live.close()
@@ -123,8 +193,6 @@ def test_reader_resyncs_after_damage_when_asked(tmp_path: Path) -> None:
         for item in scan_segment_file(str(path), expected_seq=1, chunk_bytes=500, resync=True)
     ]
     kinds = [item[0] if type(item) is tuple else item for item in items]
-    from log_format import CleanEnd, Corruption
-
     assert kinds == [
         "record",
         "record",

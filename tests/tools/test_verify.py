@@ -20,6 +20,7 @@ from log_format import (
     FILE_HEADER_BYTES,
     RECORD_HEADER_BYTES,
     RECORD_KIND_COMMAND,
+    decode_envelope,
     encode_envelope,
     encode_record,
     snapshot_file_name,
@@ -35,6 +36,7 @@ from tests.tools.helpers import (
     locate,
     options,
     reencode,
+    rel,
     replace_record,
     scripted_log,
     segment_paths,
@@ -246,15 +248,30 @@ def test_record_that_does_not_decode_is_reported_and_stops_the_replay(scripted: 
     assert report.replay_stopped == "record 30 does not decode; the replay stopped after seq 29"
 
 
-def test_event_that_breaks_the_catalogue_is_reported(scripted: LiveLog) -> None:
-    job = numbered_id(0)
-    _path, offset = reencode(scripted.data_dir, 26, events=[[3, 1, job, "1", "w1"]])
+@pytest.mark.parametrize(
+    ("seq", "field", "value", "reason"),
+    [
+        (26, 3, "1", "event 0: JobAcked field attempt is not int"),
+        # A priority that is not an int would make apply index a list with a str:
+        # checked against the catalogue before the replay ever sees it.
+        (5, 7, "high", "event 0: JobEnqueued field priority is not int"),
+        (5, 16, {"n": [1]}, "event 0: JobEnqueued field custom is not map?"),
+        (28, 1, 2, "event 0: JobNacked version 2 is not supported (expected 1)"),
+    ],
+)
+def test_event_that_breaks_the_catalogue_is_reported(
+    scripted: LiveLog, seq: int, field: int, value: object, reason: str
+) -> None:
+    _path, record = locate(scripted.data_dir, seq)
+    event = list(decode_envelope(record.body).events[0])
+    event[field] = value
+    path, offset = reencode(scripted.data_dir, seq, events=[event])
     report = run(scripted.data_dir)
     assert report.problems == [
-        Problem(ERROR, "event", SEG25, offset, 26, "event 0: JobAcked field attempt is not int")
+        Problem(ERROR, "event", rel(path, scripted.data_dir), offset, seq, reason)
     ]
-    assert (
-        report.replay_stopped == "record 26 has an invalid event; the replay stopped after seq 25"
+    assert report.replay_stopped == (
+        f"record {seq} has an invalid event; the replay stopped after seq {seq - 1}"
     )
 
 

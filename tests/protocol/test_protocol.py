@@ -1,0 +1,213 @@
+"""The sans-I/O protocol layer: framing, envelopes and body validation, with no
+sockets. The one rule of its fuzzing: garbage raises the typed error, nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sepp.protocol import (
+    FrameReader,
+    FrameTooLarge,
+    ProtocolError,
+    ProtocolViolation,
+    decode_request,
+    decode_response,
+    encode_frame,
+    encode_request,
+    encode_response,
+)
+from sepp.protocol import messages as pm
+
+
+def frame_of(value: object) -> bytes:
+    return encode_frame(msgpack.packb(value, use_bin_type=True))
+
+
+# -- framing ---------------------------------------------------------------------
+
+
+def test_frames_split_at_every_byte_boundary_are_reassembled() -> None:
+    stream = b"".join(encode_frame(bytes([i]) * (i + 1)) for i in range(20))
+    reader = FrameReader(1024)
+    frames = []
+    for i in range(len(stream)):
+        frames += reader.feed(stream[i : i + 1])
+    assert frames == [bytes([i]) * (i + 1) for i in range(20)]
+    assert reader.buffered == 0
+
+
+def test_many_frames_in_one_read_come_out_in_order() -> None:
+    reader = FrameReader(1024)
+    assert reader.feed(encode_frame(b"a") + encode_frame(b"bb") + encode_frame(b"ccc")[:3]) == [
+        b"a",
+        b"bb",
+    ]
+    assert reader.feed(encode_frame(b"ccc")[3:]) == [b"ccc"]
+
+
+def test_an_oversized_length_is_refused_from_the_prefix_alone() -> None:
+    reader = FrameReader(100)
+    with pytest.raises(FrameTooLarge) as info:
+        reader.feed(struct.pack(">I", 101))  # no body sent, nothing allocated
+    assert info.value.length == 101 and info.value.limit == 100
+    assert reader.buffered == 0
+
+
+def test_a_zero_length_frame_breaks_framing() -> None:
+    with pytest.raises(ProtocolViolation):
+        FrameReader().feed(b"\x00\x00\x00\x00")
+
+
+def test_frames_before_a_broken_prefix_are_returned_then_the_error_is_raised() -> None:
+    reader = FrameReader(100)
+    frames = reader.feed(encode_frame(b"ok") + struct.pack(">I", 10_000))
+    assert frames == [b"ok"]
+    with pytest.raises(FrameTooLarge):
+        reader.raise_pending()
+    with pytest.raises(FrameTooLarge):
+        reader.feed(b"")
+
+
+def test_a_frame_of_exactly_the_limit_is_accepted() -> None:
+    assert FrameReader(10).feed(encode_frame(b"x" * 10)) == [b"x" * 10]
+
+
+# -- envelopes -------------------------------------------------------------------
+
+
+def test_request_and_response_round_trip() -> None:
+    request = decode_request(encode_request(7, "ack", {"job_id": "j", "attempt": 1}))
+    assert request == (7, "ack", {"job_id": "j", "attempt": 1})
+    response = decode_response(encode_response(7, "not_found", {"message": "gone"}))
+    assert response == (7, "not_found", {"message": "gone"})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [],
+        [1, "ack"],
+        "hello",
+        [-1, "ack", {}],
+        [True, "ack", {}],
+        ["1", "ack", {}],
+        [1.0, "ack", {}],
+    ],
+    ids=[
+        "empty",
+        "two-elements",
+        "not-array",
+        "negative-id",
+        "bool-id",
+        "string-id",
+        "float-id",
+    ],
+)
+def test_a_request_without_a_usable_id_is_a_violation(value: object) -> None:
+    with pytest.raises(ProtocolViolation):
+        decode_request(msgpack.packb(value))
+
+
+def test_an_unknown_op_is_an_error_for_that_request_only() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_request(msgpack.packb([9, "explode", {}]))
+    assert info.value.request_id == 9  # type: ignore[attr-defined]
+    assert info.value.code == "invalid_argument"
+
+
+def test_an_error_response_needs_a_message() -> None:
+    with pytest.raises(ProtocolViolation):
+        decode_response(msgpack.packb([1, "internal", {}]))
+
+
+# -- bodies ----------------------------------------------------------------------
+
+
+def test_a_job_with_wrong_types_is_reported_per_job() -> None:
+    body = pm.parse_enqueue(
+        {"jobs": [{"queue": "q", "job_type": "t"}, {"queue": 5, "job_type": "t"}, "nope"]}
+    )
+    assert isinstance(body.jobs[0], pm.WireJob)
+    assert isinstance(body.jobs[1], ProtocolError) and "job.queue" in body.jobs[1].message
+    assert isinstance(body.jobs[2], ProtocolError)
+
+
+def test_payload_data_must_be_binary_not_text() -> None:
+    with pytest.raises(ProtocolError, match=r"payload\.data"):
+        pm.parse_job({"queue": "q", "job_type": "t", "payload": {"data": "text", "encoding": "e"}})
+
+
+def test_custom_values_must_be_primitives_within_64_bits() -> None:
+    with pytest.raises(ProtocolError):
+        pm.parse_job({"queue": "q", "job_type": "t", "custom": {"k": [1]}})
+    with pytest.raises(ProtocolError):
+        pm.parse_job({"queue": "q", "job_type": "t", "custom": {"k": 2**63}})
+    job = pm.parse_job(
+        {"queue": "q", "job_type": "t", "custom": {"a": 1, "b": 1.5, "c": True, "d": "x"}}
+    )
+    assert job.custom == {"a": 1, "b": 1.5, "c": True, "d": "x"}
+
+
+def test_a_boolean_is_not_an_integer() -> None:
+    with pytest.raises(ProtocolError):
+        pm.parse_ack({"job_id": "x", "attempt": True})
+
+
+def test_nack_delay_needs_delay_ms_and_a_known_directive() -> None:
+    with pytest.raises(ProtocolError):
+        pm.parse_nack({"job_id": "x", "attempt": 1, "retry": "delay"})
+    with pytest.raises(ProtocolError):
+        pm.parse_nack({"job_id": "x", "attempt": 1, "retry": "later"})
+    body = pm.parse_nack({"job_id": "x", "attempt": 1})
+    assert body.retry == "default" and body.delay_ms is None
+
+
+def test_reserve_defaults() -> None:
+    body = pm.parse_reserve({"queues": ["a"], "lease_ms": 5})
+    assert (body.wait_ms, body.max_jobs, body.worker_id) == (0, 1, None)
+
+
+# -- fuzzing: only typed errors ------------------------------------------------------
+
+_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(st.binary(max_size=200))
+def test_garbage_bytes_only_ever_give_frames_or_framing_errors(data: bytes) -> None:
+    reader = FrameReader(64)
+    try:
+        frames = reader.feed(data)
+    except (FrameTooLarge, ProtocolViolation):
+        return
+    for frame in frames:
+        with contextlib.suppress(ProtocolError, ProtocolViolation):
+            decode_request(frame)
+
+
+@given(st.integers(0, 2**64 - 1), st.sampled_from(pm.OPS), _values)
+def test_any_body_parses_or_raises_protocol_error(request_id: int, op: str, body: object) -> None:
+    with contextlib.suppress(ProtocolError, ProtocolViolation):
+        pm.parse_body(decode_request(msgpack.packb([request_id, op, body], use_bin_type=True)))
+
+
+@given(_values)
+def test_any_response_decodes_or_raises_violation(value: object) -> None:
+    with contextlib.suppress(ProtocolViolation):
+        decode_response(msgpack.packb(value, use_bin_type=True))
