@@ -43,6 +43,7 @@ from log_format.envelope import (
     encode_envelope,
 )
 from log_format.errors import FormatError
+from log_format.fastpath import ValidEnvelopes
 from log_format.files import (
     FILE_HEADER_BYTES,
     FORMAT_VERSION,
@@ -137,6 +138,7 @@ __all__ = [
     "SnapshotHeader",
     "SnapshotItem",
     "TornTail",
+    "ValidEnvelopes",
     "decode_envelope",
     "decode_segment_header",
     "decode_snapshot_header",

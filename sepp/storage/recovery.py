@@ -33,11 +33,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from log_format import (
     FILE_HEADER_BYTES,
+    RECORD_HEADER_BYTES,
     SEGMENT_MAGIC,
-    CleanEnd,
     Corruption,
     FormatError,
     Record,
@@ -52,7 +53,7 @@ from log_format import (
 from sepp.core.config import CoreConfig
 from sepp.core.state import State
 from sepp.storage.fs import FileSystem
-from sepp.storage.replay import ReplayError, replay_record
+from sepp.storage.replay import ReplayError, replay_run
 from sepp.storage.snapshots import SnapshotError, load_snapshot
 from sepp.storage.wal import Segment
 
@@ -243,44 +244,69 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
         segment = Segment(header.first_seq, path, len(data), header.first_seq - 1)
         last_time = 0
         last_record: Record | None = None
-        for item in scan_records(data, start_offset=FILE_HEADER_BYTES, expected_seq=expected):
-            if type(item) is Record:
-                seq = item.seq
+        offset = FILE_HEADER_BYTES
+        terminal: Any = None
+        # Records at or below the snapshot: only checksummed.
+        if expected <= base_seq:
+            for item in scan_records(data, start_offset=offset, expected_seq=expected):
+                if type(item) is not Record:
+                    terminal = item
+                    break
                 last_record = item
-                if seq > base_seq:
-                    try:
-                        last_time, count = replay_record(state, item.body)
-                    except ReplayError as exc:
-                        raise RecoveryError(
-                            f"record does not replay: {exc}", path=path, offset=item.offset, seq=seq
-                        ) from exc
-                    last_record = None
-                    report.events_replayed += count
-                    report.records_replayed += 1
-                segment.last_seq = seq
-                expected = seq + 1
-            elif type(item) is CleanEnd:
-                break
-            elif type(item) is TornTail:
-                if not is_last:
-                    raise RecoveryError(
-                        f"sealed segment ends in damage ({item.reason})",
-                        path=path,
-                        offset=item.offset,
-                        seq=expected,
-                    )
-                cut = len(data) - item.offset
-                fs.truncate(path, item.offset)
-                segment.size = item.offset
-                report.truncated = (path, item.offset, cut)
-                break
-            elif type(item) is Corruption:
+                segment.last_seq = item.seq
+                expected = item.seq + 1
+                offset = item.offset + RECORD_HEADER_BYTES + len(item.body)
+                if item.seq == base_seq:
+                    break
+        # Records after it: replayed through the fast path, which stops at the
+        # first record that is not valid; scan_records then says what that is.
+        if terminal is None:
+            try:
+                run = replay_run(state, data, start_offset=offset, expected_seq=expected)
+            except ReplayError as exc:
                 raise RecoveryError(
-                    f"corrupt record ({item.reason})",
+                    str(exc),
                     path=path,
-                    offset=item.offset,
-                    seq=item.seq if item.seq is not None else expected,
+                    offset=getattr(exc, "offset", None),
+                    seq=getattr(exc, "seq", None),
+                ) from exc
+            if run.records:
+                last_time = run.last_time_ms
+                last_record = None
+                report.records_replayed += run.records
+                report.events_replayed += run.events
+                segment.last_seq = run.seq - 1
+                expected = run.seq
+            terminal = next(
+                iter(scan_records(data, start_offset=run.offset, expected_seq=expected))
+            )
+            if type(terminal) is Record:
+                # Checksums good, but the envelope did not decode.
+                try:
+                    decode_envelope(terminal.body)
+                    reason = "record does not replay"
+                except FormatError as exc:
+                    reason = f"record does not replay: {exc}"
+                raise RecoveryError(reason, path=path, offset=terminal.offset, seq=terminal.seq)
+        if type(terminal) is TornTail:
+            if not is_last:
+                raise RecoveryError(
+                    f"sealed segment ends in damage ({terminal.reason})",
+                    path=path,
+                    offset=terminal.offset,
+                    seq=expected,
                 )
+            cut = len(data) - terminal.offset
+            fs.truncate(path, terminal.offset)
+            segment.size = terminal.offset
+            report.truncated = (path, terminal.offset, cut)
+        elif type(terminal) is Corruption:
+            raise RecoveryError(
+                f"corrupt record ({terminal.reason})",
+                path=path,
+                offset=terminal.offset,
+                seq=terminal.seq if terminal.seq is not None else expected,
+            )
         if last_record is not None and last_time == 0:
             # Records at or below the snapshot are only checksummed, not decoded;
             # log retention still needs the segment's age, from its last record.
