@@ -10,7 +10,8 @@ figures do not leak into each other:
 - replay: cold start from the log alone -> events/s and seconds;
 - snapshot: take one snapshot of the state (fork mode) -> write time, while 64
   submitters keep committing durable (sync_data) enqueues: the longest gap between
-  two consecutive commit completions during the snapshot vs. before it (the stall);
+  two consecutive commit completions during the snapshot vs. before it (the stall),
+  with the server's garbage-collector policy (sepp/server/gcpolicy.py);
 - cold start from the snapshot -> seconds;
 - resident memory (VmRSS) with all jobs live, after recovery.
 
@@ -34,6 +35,7 @@ import time
 
 from benchmarks.common import machine_line, median, print_table, rss_bytes
 from sepp.core import Ack, CoreConfig, Enqueue, Extend, Nack, NewJob, Reserve
+from sepp.server import gcpolicy
 from sepp.server.ids import JobIds
 from sepp.storage import Engine, StorageOptions
 
@@ -112,7 +114,14 @@ async def _snapshot_under_load(engine: Engine, submitters: int) -> dict[str, flo
             await pipeline.submit(Enqueue(jobs=(_new_job(ids),)))
             completions.append(time.perf_counter())
 
+    async def refreezer() -> None:
+        # The server's GC policy (sepp/server/gcpolicy.py): freeze survivors often.
+        while not stop.is_set():
+            await asyncio.sleep(gcpolicy.FREEZE_INTERVAL_S)
+            gcpolicy.refreeze()
+
     tasks = [asyncio.create_task(submitter()) for _ in range(submitters)]
+    tasks.append(asyncio.create_task(refreezer()))
     await asyncio.sleep(1.0)  # a baseline second of commits
     snap_started = time.perf_counter()
     engine.start_snapshot()
@@ -144,7 +153,7 @@ def snapshot(data_dir: str) -> dict[str, float]:
         CoreConfig(),
         StorageOptions(persist_mode="sync_data", snapshot_every_bytes=0, snapshot_mode="fork"),
     )
-    gc.freeze()
+    gcpolicy.configure()
     result = asyncio.run(_snapshot_under_load(engine, 64))
     engine.close()
     return result

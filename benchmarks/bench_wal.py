@@ -1,7 +1,8 @@
 """Group-commit throughput of the storage engine, in process.
 
-N asyncio submitters each keep one 256-byte enqueue in flight through the same
-commit pipeline the server uses (decide + apply + encode on the event loop, one
+N submitters each keep one 256-byte enqueue in flight through the same commit
+pipeline the server uses (as callback chains, the way the server's connections
+drive it; `--style tasks` uses one asyncio task per submitter instead) (decide + apply + encode on the event loop, one
 write + one fdatasync per group in the flushing thread, replies released in log
 order once durable). Reported: commands/s (median of --runs), records per sync.
 
@@ -26,7 +27,7 @@ from sepp.storage import Engine, StorageOptions
 PAYLOAD = b"x" * 256
 
 
-async def _run_once(mode: str, submitters: int, commands: int) -> dict[str, float]:
+async def _run_once(mode: str, submitters: int, commands: int, style: str = "callbacks") -> dict[str, float]:
     data_dir = tempfile.mkdtemp(prefix="sepp-bench-wal-")
     try:
         engine = Engine.open(
@@ -38,22 +39,53 @@ async def _run_once(mode: str, submitters: int, commands: int) -> dict[str, floa
         pipeline.start()
         ids = JobIds()
         per_task = commands // submitters
+        next_id = ids.next
 
-        async def submitter() -> None:
-            submit = pipeline.submit
-            next_id = ids.next
-            for _ in range(per_task):
-                job = NewJob(
-                    job_id=next_id(),
-                    queue="bench",
-                    job_type="work",
-                    payload_data=PAYLOAD,
-                    payload_encoding="application/octet-stream",
-                )
-                await submit(Enqueue(jobs=(job,)))
+        def command() -> Enqueue:
+            job = NewJob(
+                job_id=next_id(),
+                queue="bench",
+                job_type="work",
+                payload_data=PAYLOAD,
+                payload_encoding="application/octet-stream",
+            )
+            return Enqueue(jobs=(job,))
 
         started = time.perf_counter()
-        await asyncio.gather(*(submitter() for _ in range(submitters)))
+        if style == "tasks":
+            # One asyncio task per submitter, awaiting a future per command.
+            async def submitter() -> None:
+                submit = pipeline.submit
+                for _ in range(per_task):
+                    await submit(command())
+
+            await asyncio.gather(*(submitter() for _ in range(submitters)))
+        else:
+            # Closed-loop callback chains, the way the server drives the pipeline:
+            # each submitter sends its next command from its previous durability
+            # callback (one command in flight per submitter).
+            finished = asyncio.Event()
+            left = [submitters]
+
+            def chain(remaining: int) -> None:
+                def step(error: BaseException | None) -> None:
+                    nonlocal remaining
+                    if error is not None:
+                        raise error
+                    if remaining == 0:
+                        left[0] -= 1
+                        if left[0] == 0:
+                            finished.set()
+                        return
+                    remaining -= 1
+                    _decision, barrier = pipeline.execute(command())
+                    pipeline.after_durable(barrier, step)
+
+                step(None)
+
+            for _ in range(submitters):
+                chain(per_task)
+            await finished.wait()
         elapsed = time.perf_counter() - started
         await pipeline.stop()
         flushes = engine.stats["flushes"]
@@ -72,9 +104,16 @@ def main() -> None:
     parser.add_argument("--submitters", nargs="+", type=int, default=[1, 8, 64, 256])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="approximate length of one run")
+    parser.add_argument(
+        "--style",
+        choices=["callbacks", "tasks"],
+        default="callbacks",
+        help="submitters as callback chains (as the server runs) or as asyncio tasks",
+    )
     args = parser.parse_args()
 
     print(machine_line())
+    print(f"submitters: {args.style}")
     probe = fsync_rate()
     print(
         f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, "
@@ -84,9 +123,9 @@ def main() -> None:
     for mode in args.modes:
         for n in args.submitters:
             # Size each run to roughly --seconds from a short calibration run.
-            calib = asyncio.run(_run_once(mode, n, max(n * 20, 2000)))
+            calib = asyncio.run(_run_once(mode, n, max(n * 20, 2000), args.style))
             commands = max(n * 20, int(calib["rate"] * args.seconds))
-            results = [asyncio.run(_run_once(mode, n, commands)) for _ in range(args.runs)]
+            results = [asyncio.run(_run_once(mode, n, commands, args.style)) for _ in range(args.runs)]
             rates = [r["rate"] for r in results]
             rows.append(
                 (

@@ -47,7 +47,10 @@ class CommitPipeline:
         self.backlog_max = backlog_max
         self._clock = clock
         self._last_now = engine.state.clock_ms
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        # (barrier, callback): callback(None) once durable, callback(error) if
+        # storage failed first. Plain callbacks, not futures: the server answers a
+        # request straight from `_release`, with no future and no extra loop turn.
+        self._waiters: deque[tuple[int, Callable[[BaseException | None], None]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._committer: GroupCommitter | None = None
         self._durable_callbacks: list[Callable[[int], None]] = []
@@ -103,6 +106,18 @@ class CommitPipeline:
             )
         return self.engine.execute(command, self.now_ms())
 
+    def after_durable(self, barrier: int, callback: Callable[[BaseException | None], None]) -> None:
+        """Call `callback(None)` once `barrier` is durable (at once if it already
+        is), or `callback(error)` if storage fails first. Callbacks run on the loop
+        thread, in barrier order."""
+        if barrier <= self.engine.durable_seq:
+            callback(None)
+            return
+        self._waiters.append((barrier, callback))
+        committer = self._committer
+        if committer is not None:
+            committer.wake()
+
     def durable(self, barrier: int) -> asyncio.Future[None] | None:
         """None if `barrier` is already durable, else a future resolved when it is."""
         if barrier <= self.engine.durable_seq:
@@ -110,10 +125,15 @@ class CommitPipeline:
         loop = self._loop
         assert loop is not None, "pipeline not started"
         future: asyncio.Future[None] = loop.create_future()
-        self._waiters.append((barrier, future))
-        committer = self._committer
-        if committer is not None:
-            committer.wake()
+
+        def resolve(error: BaseException | None) -> None:
+            if not future.done():
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+
+        self.after_durable(barrier, resolve)
         return future
 
     async def submit(self, command: Command) -> Decision | CommandError:
@@ -129,9 +149,7 @@ class CommitPipeline:
     def _release(self, seq: int) -> None:
         waiters = self._waiters
         while waiters and waiters[0][0] <= seq:
-            _, future = waiters.popleft()
-            if not future.done():
-                future.set_result(None)
+            waiters.popleft()[1](None)
         for callback in self._durable_callbacks:
             callback(seq)
 
@@ -140,9 +158,7 @@ class CommitPipeline:
             self.failure = exc
         error = exc if isinstance(exc, StorageFailed) else StorageFailed(str(exc))
         while self._waiters:
-            _, future = self._waiters.popleft()
-            if not future.done():
-                future.set_exception(error)
+            self._waiters.popleft()[1](error)
         if self._on_failure is not None:
             self._on_failure(exc)
 

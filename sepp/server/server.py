@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hmac
 import logging
 import ssl
@@ -56,6 +55,7 @@ from sepp.core.results import (
 from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FrameReader, encode_frame
+from sepp.server import gcpolicy
 from sepp.server.config import ServerConfig
 from sepp.server.ids import JobIds
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
@@ -179,8 +179,8 @@ class SeppServer:
             )
         # Recovered state is long-lived: keep the cyclic GC from rescanning it, and
         # make full collections rare (the state holds millions of objects).
-        gc.freeze()
-        gc.set_threshold(10_000, 50, 1000)
+        gcpolicy.configure()
+        self._schedule_refreeze()
         self.pipeline = CommitPipeline(
             engine,
             backlog_max=self.config.get("storage", "command_queue_capacity"),
@@ -318,11 +318,7 @@ class SeppServer:
     ) -> None:
         pipeline = self.pipeline
         assert pipeline is not None
-        future = pipeline.durable(barrier)
-        if future is None:
-            conn.send_frame(frame)
-        else:
-            future.add_done_callback(lambda f: conn.send_after(f, frame, request_id))
+        pipeline.after_durable(barrier, lambda error: conn.send_after(error, frame, request_id))
 
     # -- long polls ------------------------------------------------------------------
 
@@ -405,6 +401,12 @@ class SeppServer:
                 if not reply.jobs:
                     break
                 self._finish_parked(parked, reply.jobs, barrier)
+
+    def _schedule_refreeze(self) -> None:
+        if self.stopping or self._loop is None:
+            return
+        gcpolicy.refreeze()
+        self._loop.call_later(gcpolicy.FREEZE_INTERVAL_S, self._schedule_refreeze)
 
     # -- the sweep ---------------------------------------------------------------------
 
@@ -566,13 +568,8 @@ class ClientConnection(asyncio.Protocol):
             )
             self.abort()
 
-    def send_after(self, future: asyncio.Future[None], frame: bytes, request_id: int) -> None:
-        if future.cancelled():
-            self.in_flight -= 1
-            if self._eof and self.in_flight <= 0:
-                self.close()
-            return
-        if future.exception() is not None:
+    def send_after(self, error: BaseException | None, frame: bytes, request_id: int) -> None:
+        if error is not None:
             # The command's outcome is unknown: it was applied in memory but its
             # record may not be on disk. Answer this request (by its id, so the
             # client knows which one); shutdown closes the connection.

@@ -52,8 +52,8 @@ from sepp.storage.fs import FileSystem
 # Rows per record: ~1 MiB of 256-byte jobs, so a snapshot of a million jobs is a
 # few hundred records and a reader never holds more than one chunk of raw rows.
 ROWS_PER_RECORD = 2048
-# Bytes gathered before one write() call.
-WRITE_CHUNK_BYTES = 4 * 1024 * 1024
+# Bytes gathered before one write() call (and one fdatasync, see below).
+WRITE_CHUNK_BYTES = 1024 * 1024
 
 
 class SnapshotError(ValueError):
@@ -113,6 +113,12 @@ def write_snapshot_file(fs: FileSystem, path: str, state: State, last_seq: int) 
                 fs.write(handle, buffer)
                 size += len(buffer)
                 buffer = bytearray()
+                # Sync as we go: a snapshot of a million jobs is ~400 MB, and one
+                # fsync at the end would push it all to the disk at once, making
+                # the log's own fdatasync wait behind it (measured: 50-70 ms
+                # commit stalls). Chunk by chunk, a log sync waits at most for
+                # one chunk.
+                fs.fdatasync(handle)
         if buffer:
             fs.write(handle, buffer)
             size += len(buffer)
