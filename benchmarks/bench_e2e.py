@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,6 @@ def _taskset(core: str | None) -> list[str]:
     if core is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         return []
     return ["taskset", "-c", core]
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 class Server:
@@ -76,9 +68,6 @@ class Server:
             self.stop()
             raise RuntimeError(f"server did not start: {line!r}")
         self.port = int(line.strip().rpartition(":")[2])
-
-    def cpu(self) -> float:
-        return _cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -116,7 +105,6 @@ def one_run(
 ) -> dict[str, Any]:
     server = Server(mode, pin)
     try:
-        cpu0, t0 = server.cpu(), time.perf_counter()
         phases = (
             ["enqueue"] if batch > 1 else ["enqueue", "drain"] + (["latency"] if latency else [])
         )
@@ -128,8 +116,8 @@ def one_run(
             batch=batch,
             phases=phases,
             rounds=2000,
+            server_pid=server.proc.pid,
         )
-        result["server_cpu_share"] = (server.cpu() - cpu0) / (time.perf_counter() - t0)
         return result
     finally:
         server.stop()
@@ -165,7 +153,15 @@ def main() -> None:
         def med(phase: str, key: str) -> float:
             return median([r[phase][key] for r in results if phase in r])
 
-        client_cpu = median([r["client_cpu_share"] for r in results]) * 100
+        def cpu(side: str) -> str:
+            # enqueue / drain phase shares of one core; '!' marks a saturated side
+            parts = []
+            for phase in ("enqueue", "drain"):
+                if phase in results[0]:
+                    share = median([r[phase][side] for r in results]) * 100
+                    parts.append(f"{share:.0f}%" + ("!" if share >= 90 else ""))
+            return " / ".join(parts)
+
         rows.append(
             (
                 label,
@@ -176,8 +172,8 @@ def main() -> None:
                 med("latency", "p50_ms") if "latency" in results[0] else "",
                 med("latency", "p99_ms") if "latency" in results[0] else "",
                 med("latency", "p999_ms") if "latency" in results[0] else "",
-                f"{median([r['server_cpu_share'] for r in results]) * 100:.0f}%",
-                f"{client_cpu:.0f}%" + (" !" if client_cpu >= 90 else ""),
+                cpu("server_cpu"),
+                cpu("client_cpu"),
             )
         )
         print("  ", rows[-1], flush=True)
@@ -217,7 +213,7 @@ def main() -> None:
     print(
         "(medians of",
         args.runs,
-        "runs; CPU = share of one core; '!' = the load generator was >= 90% busy)",
+        "runs; CPU = share of one core during the enqueue / drain phase; '!' = that side was >= 90% busy)",
     )
 
 

@@ -36,8 +36,7 @@ class Conn(asyncio.Protocol):
         self.lost = asyncio.get_event_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         for frame in self.reader.feed(data):
@@ -140,22 +139,43 @@ async def latency_phase(conn: Conn, queue: str, rounds: int) -> dict[str, float]
     return {"rounds": rounds, "p50_ms": pct(0.50), "p99_ms": pct(0.99), "p999_ms": pct(0.999)}
 
 
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _proc_cpu(pid: int | None) -> float:
+    """CPU seconds of another process (the server), from /proc; 0 if unknown."""
+    if not pid:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     conns = [await connect(args.host, args.port) for _ in range(args.connections)]
     result: dict[str, Any] = {}
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    wall0 = time.perf_counter()
     queue = args.queue
+
+    async def phase(name: str, work: Any) -> None:
+        # Each phase records the CPU share (of one core) the generator and the
+        # server used during it, to show which side limited the rate.
+        own0, server0, wall0 = _own_cpu(), _proc_cpu(args.server_pid), time.perf_counter()
+        result[name] = await work
+        wall = time.perf_counter() - wall0
+        result[name]["client_cpu"] = (_own_cpu() - own0) / wall
+        result[name]["server_cpu"] = (_proc_cpu(args.server_pid) - server0) / wall
+
     if "enqueue" in args.phases:
-        result["enqueue"] = await enqueue_phase(conns, queue, args.jobs, args.batch)
+        await phase("enqueue", enqueue_phase(conns, queue, args.jobs, args.batch))
     if "drain" in args.phases:
-        result["drain"] = await drain_phase(conns, queue, args.jobs)
+        await phase("drain", drain_phase(conns, queue, args.jobs))
     if "latency" in args.phases:
-        result["latency"] = await latency_phase(conns[0], queue + "-latency", args.rounds)
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    wall = time.perf_counter() - wall0
-    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    result["client_cpu_share"] = cpu / wall if wall > 0 else 0.0
+        await phase("latency", latency_phase(conns[0], queue + "-latency", args.rounds))
     for conn in conns:
         assert conn.transport is not None
         conn.transport.close()
@@ -172,6 +192,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--phases", nargs="+", default=["enqueue", "drain", "latency"])
+    parser.add_argument("--server-pid", type=int, default=0, help="to report the server's CPU per phase")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     result["pid"] = os.getpid()

@@ -104,7 +104,8 @@ _new_tuple = tuple.__new__
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UUID_MATCH = _UUID_RE.fullmatch
 
 
 class Decision(NamedTuple):
@@ -137,10 +138,12 @@ def decide(state: State, command: Command, now_ms: int) -> Decision | CommandErr
 
 def canonical_job_id(job_id: object) -> str | None:
     """The canonical lowercase form of a UUID string, or None if it is not one."""
-    if not isinstance(job_id, str) or len(job_id) != 36:
+    if type(job_id) is not str or len(job_id) != 36:
         return None
+    if _UUID_MATCH(job_id):  # already canonical: the usual case, no copy
+        return job_id
     lowered = job_id.lower()
-    return lowered if _UUID_RE.match(lowered) else None
+    return lowered if _UUID_MATCH(lowered) else None
 
 
 def _is_int(value: object) -> bool:

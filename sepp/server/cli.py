@@ -63,6 +63,10 @@ def _serve(args: argparse.Namespace) -> int:
         return await server.wait_stopped()
 
     try:
+        if os.environ.get("SEPP_LOOP") == "uvloop":
+            import uvloop
+
+            return uvloop.run(run())
         return asyncio.run(run())
     except KeyboardInterrupt:  # pragma: no cover - signal handler normally wins
         return 0

@@ -32,3 +32,8 @@ class JobIds:
         # Version nibble 4; variant bits 10xx in the first nibble of group four.
         variant = "89ab"[int(h[16], 16) & 3]
         return f"{h[0:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
+
+    def take(self, count: int) -> list[str]:
+        """`count` fresh ids (a batch enqueue)."""
+        next_id = self.next
+        return [next_id() for _ in range(count)]

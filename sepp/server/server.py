@@ -28,7 +28,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from sepp._version import __version__ as SEPP_VERSION
 from sepp.core.commands import (
@@ -462,8 +462,9 @@ class ClientConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A cast, not an isinstance check: uvloop's transports behave like
+        # asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         server = self.server
@@ -735,8 +736,8 @@ class ClientConnection(asyncio.Protocol):
         if not self._check_serving(request_id):
             return
         server = self.server
-        next_id = server.ids.next
-        jobs = tuple(new_job(next_id(), wire) for wire in body.jobs)
+        ids = server.ids.take(len(body.jobs))
+        jobs = tuple(map(new_job, ids, body.jobs))
         decision, barrier = server.run(Enqueue(jobs=jobs, atomic=body.atomic))
         self._finish(request_id, decision, barrier, enqueue_body)
 

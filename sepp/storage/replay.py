@@ -127,7 +127,15 @@ def replay_run(state: State, buf: Any, *, start_offset: int, expected_seq: int) 
                 table[type_id](state, new(shape[0], fields[2:]))
                 events += 1
             records += 1
-    except (EventDecodeError, ApplyError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+    except (
+        EventDecodeError,
+        ApplyError,
+        TypeError,
+        ValueError,
+        KeyError,
+        IndexError,
+        AttributeError,
+    ) as exc:
         envelopes.close()  # run.offset / run.seq: the record being applied
         error = ReplayError(f"record does not replay: {exc}")
         error.offset = run.offset  # type: ignore[attr-defined]

@@ -9,7 +9,6 @@ runs on a real thread; waits use events with a deadline, never sleeps.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Any
 
@@ -157,14 +156,14 @@ def test_command_that_logs_nothing_waits_for_the_last_appended_record() -> None:
     cases: list[tuple[str, Any]] = [
         ("rejected", Ack(job_id=numbered_id(99), attempt=1)),
         ("empty reserve", Reserve(queues=("empty",), lease_ms=1_000)),
-        ("dedup hit", Enqueue(jobs=(dataclasses.replace(keyed, job_id=numbered_id(2)),))),
+        ("dedup hit", Enqueue(jobs=(keyed._replace(job_id=numbered_id(2)),))),
         ("nothing due", Sweep()),
     ]
     for name, command in cases:
         decision, barrier = engine.execute(command, T0 + 1)
         assert barrier == 1, name
         assert not getattr(decision, "events", ()), name
-    hit = engine.execute(Enqueue(jobs=(dataclasses.replace(keyed, job_id=numbered_id(3)),)), T0)
+    hit = engine.execute(Enqueue(jobs=(keyed._replace(job_id=numbered_id(3)),)), T0)
     assert isinstance(hit[0].reply, EnqueueResult)
     assert hit[0].reply.results[0].deduplicated and hit[1] == 1
     # A second record moves the barrier of later no-ops; earlier ones keep theirs.

@@ -1,0 +1,50 @@
+"""The server's translation between protocol values and core commands."""
+
+from __future__ import annotations
+
+from sepp.core.commands import NewJob
+from sepp.protocol.errors import ProtocolError
+from sepp.protocol.messages import WireJob, parse_job
+from sepp.server.wire import new_job
+
+
+def test_a_wire_job_maps_field_by_field_onto_new_job() -> None:
+    # new_job builds NewJob positionally from a WireJob: the field orders must agree.
+    wire_fields = [name.removesuffix("_ms") for name in WireJob._fields]
+    assert list(NewJob._fields) == ["job_id", *wire_fields, "invalid"]
+
+
+def test_every_field_of_a_job_map_reaches_the_command() -> None:
+    wire = parse_job(
+        {
+            "queue": "q",
+            "job_type": "t",
+            "payload": {"data": b"d", "encoding": "e"},
+            "idempotency_key": "k",
+            "priority": 4,
+            "max_attempts": 7,
+            "scheduled_at_ms": 123,
+            "trace_context": {"traceparent": "tp", "tracestate": "ts"},
+            "custom": {"a": 1},
+        }
+    )
+    job = new_job("00000000-0000-4000-8000-000000000000", wire)
+    assert job == NewJob(
+        job_id="00000000-0000-4000-8000-000000000000",
+        queue="q",
+        job_type="t",
+        payload_data=b"d",
+        payload_encoding="e",
+        idempotency_key="k",
+        priority=4,
+        max_attempts=7,
+        scheduled_at=123,
+        traceparent="tp",
+        tracestate="ts",
+        custom={"a": 1},
+    )
+
+
+def test_a_malformed_job_becomes_an_invalid_command_in_its_place() -> None:
+    job = new_job("00000000-0000-4000-8000-000000000000", ProtocolError("job.queue must be a string"))
+    assert job.invalid == "job.queue must be a string"
