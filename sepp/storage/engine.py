@@ -68,6 +68,8 @@ log = logging.getLogger("sepp.storage")
 # Pause between two segment deletions of the background retention.
 RETENTION_PACE_S = 0.05
 
+LOCK_FILE = "LOCK"
+
 SNAPSHOT_FORK = "fork"
 SNAPSHOT_INLINE = "inline"
 SNAPSHOT_AUTO = "auto"
@@ -160,6 +162,7 @@ class Engine:
             mode = SNAPSHOT_FORK if fs.supports_fork and hasattr(os, "fork") else SNAPSHOT_INLINE
         self.snapshot_mode = mode
         self.stats = {"flushes": 0, "records": 0, "bytes": 0, "snapshots": 0}
+        self._dir_lock: int | None = None
 
     # -- opening -------------------------------------------------------------
 
@@ -180,6 +183,9 @@ class Engine:
         fs = fs or RealFileSystem()
         config = config or CoreConfig()
         fs.makedirs(data_dir)
+        # One process per data directory: a second server (or a repair) on the
+        # same log would interleave writes and corrupt it.
+        lock = fs.lock(os.path.join(data_dir, LOCK_FILE))
         # Recovery builds millions of long-lived objects; the cyclic garbage
         # collector would rescan them all again and again (it halves replay speed).
         # Off while recovering, then the recovered heap is frozen out of its reach.
@@ -187,20 +193,23 @@ class Engine:
         gc.disable()
         try:
             recovered = recover(fs, data_dir, config)
+            writer = SegmentWriter(
+                fs,
+                os.path.join(data_dir, WAL_DIR),
+                recovered.segments,
+                persist_mode=options.persist_mode,
+                segment_bytes_max=options.segment_bytes_max,
+                next_seq=recovered.next_seq,
+                hook=hook,
+            )
+        except BaseException:
+            fs.unlock(lock)
+            raise
         finally:
             gc.freeze()
             if gc_was_enabled:
                 gc.enable()
-        writer = SegmentWriter(
-            fs,
-            os.path.join(data_dir, WAL_DIR),
-            recovered.segments,
-            persist_mode=options.persist_mode,
-            segment_bytes_max=options.segment_bytes_max,
-            next_seq=recovered.next_seq,
-            hook=hook,
-        )
-        return cls(
+        engine = cls(
             fs,
             data_dir,
             recovered.state,
@@ -210,6 +219,8 @@ class Engine:
             recovered.report,
             hook,
         )
+        engine._dir_lock = lock
+        return engine
 
     @property
     def segments(self) -> list[Any]:
@@ -367,6 +378,10 @@ class Engine:
             status = 1
             try:
                 gc.disable()
+                if self._dir_lock is not None:
+                    # Only the parent holds the data directory: if it dies while
+                    # this child still writes, a restart must not find it locked.
+                    os.close(self._dir_lock)
                 # The log writer comes first: the snapshot takes what CPU is left.
                 os.nice(19)
                 write_snapshot_file(self.fs, tmp, self.state, seq)
@@ -499,8 +514,17 @@ class Engine:
             self.closed = True
             with self._durable_cond:
                 self._durable_cond.notify_all()
-            if self.failure is None:
-                self._writer.close()
+            try:
+                if self.failure is None:
+                    self._writer.close()
+            finally:
+                self.release_lock()
+
+    def release_lock(self) -> None:
+        """Give up the data directory (close does; a failed engine's owner may)."""
+        if self._dir_lock is not None:
+            self.fs.unlock(self._dir_lock)
+            self._dir_lock = None
 
 
 class GroupCommitter:

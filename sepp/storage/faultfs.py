@@ -65,6 +65,8 @@ class FaultyFileSystem:
         self.hook: Callable[[str, str], None] | None = None
         self.capacity_bytes: int | None = None
         self.ops: list[tuple[str, str]] = []
+        self._locks: set[str] = set()
+        self._lock_handles: dict[int, str] = {}
         self.record_ops = False
 
     # -- helpers -------------------------------------------------------------
@@ -143,6 +145,9 @@ class FaultyFileSystem:
                 inode.durable = bytes(kept)
         self._handles.clear()
         self._faults.clear()
+        # The crashed process's locks die with it.
+        self._locks.clear()
+        self._lock_handles.clear()
 
     def flip_bit(self, path: str, offset: int, bit: int = 0) -> None:
         inode = self._inode(path)
@@ -168,6 +173,25 @@ class FaultyFileSystem:
         return out
 
     # -- the seam ------------------------------------------------------------
+
+    def lock(self, path: str) -> int:
+        # One "process" per fake: a second lock of the same path means two
+        # engines opened the same directory at once.
+        from sepp.storage.fs import DataDirLocked
+
+        path = os.path.normpath(path)
+        if path in self._locks:
+            raise DataDirLocked(f"{path} is locked by another engine")
+        self._locks.add(path)
+        handle = self._next_handle
+        self._next_handle += 1
+        self._lock_handles[handle] = path
+        return handle
+
+    def unlock(self, handle: int) -> None:
+        path = self._lock_handles.pop(handle, None)
+        if path is not None:
+            self._locks.discard(path)
 
     def makedirs(self, path: str) -> None:
         path = os.path.normpath(path)

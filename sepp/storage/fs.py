@@ -14,6 +14,7 @@ Must not import: asyncio, sockets.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from typing import Protocol
 
@@ -61,16 +62,45 @@ class FileSystem(Protocol):
         """Make the directory's entries (creates, renames, removes) durable."""
         ...
 
+    def lock(self, path: str) -> int:
+        """Take an exclusive, non-blocking lock on `path` (created if missing) for
+        the life of the process; a handle for `unlock`. Raises `DataDirLocked` if
+        another process holds it."""
+        ...
+
+    def unlock(self, handle: int) -> None: ...
+
     @property
     def supports_fork(self) -> bool:
         """Whether a forked child can write through this seam (real files only)."""
         ...
 
 
+class DataDirLocked(OSError):
+    """Another process (a running server) holds the data directory."""
+
+
 class RealFileSystem:
     """The seam over the real operating system."""
 
     supports_fork = True
+
+    def lock(self, path: str) -> int:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # flock, not fcntl locks: held per open file, so a forked snapshot
+            # writer that closes its copy does not release the parent's lock.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirLocked(f"{path} is locked by another process (is a sepp server running?)") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def unlock(self, handle: int) -> None:
+        os.close(handle)  # closing the only descriptor releases the flock
 
     def makedirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)

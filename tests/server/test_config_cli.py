@@ -231,3 +231,24 @@ async def test_the_data_dir_flag_beats_the_file(server_factory, tmp_path):
     assert server.stop() == 0
     assert server.data_dir.is_dir()
     assert not (tmp_path / "from-file").exists()
+
+
+def test_a_second_server_on_the_same_data_directory_exits_1(server_factory, tmp_path):
+    first = server_factory()
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sepp.server.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            str(first.data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1
+    assert "locked" in second.stderr

@@ -46,5 +46,7 @@ def test_every_field_of_a_job_map_reaches_the_command() -> None:
 
 
 def test_a_malformed_job_becomes_an_invalid_command_in_its_place() -> None:
-    job = new_job("00000000-0000-4000-8000-000000000000", ProtocolError("job.queue must be a string"))
+    job = new_job(
+        "00000000-0000-4000-8000-000000000000", ProtocolError("job.queue must be a string")
+    )
     assert job.invalid == "job.queue must be a string"
