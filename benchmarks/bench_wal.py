@@ -27,7 +27,9 @@ from sepp.storage import Engine, StorageOptions
 PAYLOAD = b"x" * 256
 
 
-async def _run_once(mode: str, submitters: int, commands: int, style: str = "callbacks") -> dict[str, float]:
+async def _run_once(
+    mode: str, submitters: int, commands: int, style: str = "callbacks"
+) -> dict[str, float]:
     data_dir = tempfile.mkdtemp(prefix="sepp-bench-wal-")
     try:
         engine = Engine.open(
@@ -125,7 +127,9 @@ def main() -> None:
             # Size each run to roughly --seconds from a short calibration run.
             calib = asyncio.run(_run_once(mode, n, max(n * 20, 2000), args.style))
             commands = max(n * 20, int(calib["rate"] * args.seconds))
-            results = [asyncio.run(_run_once(mode, n, commands, args.style)) for _ in range(args.runs)]
+            results = [
+                asyncio.run(_run_once(mode, n, commands, args.style)) for _ in range(args.runs)
+            ]
             rates = [r["rate"] for r in results]
             rows.append(
                 (

@@ -192,7 +192,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--phases", nargs="+", default=["enqueue", "drain", "latency"])
-    parser.add_argument("--server-pid", type=int, default=0, help="to report the server's CPU per phase")
+    parser.add_argument(
+        "--server-pid", type=int, default=0, help="to report the server's CPU per phase"
+    )
     args = parser.parse_args()
     result = asyncio.run(run(args))
     result["pid"] = os.getpid()

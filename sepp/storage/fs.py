@@ -93,7 +93,9 @@ class RealFileSystem:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DataDirLocked(f"{path} is locked by another process (is a sepp server running?)") from None
+            raise DataDirLocked(
+                f"{path} is locked by another process (is a sepp server running?)"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
