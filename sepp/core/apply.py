@@ -149,23 +149,28 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
 
 
 def _apply_reserved(state: State, ev: JobReserved) -> None:
-    job = _live(state, ev.job_id, READY, ev)
-    if job.attempt != ev.attempt:
-        raise ApplyError(f"JobReserved attempt {ev.attempt} but job is {job!r}")
+    job_id, attempt, lease_expires_at, worker_id = ev
+    job = state.jobs.get(job_id)
+    if job is None or job.status != READY or job.attempt != attempt:
+        raise ApplyError(f"JobReserved for {job_id} attempt {attempt}: job is {job!r}")
     q = state.queues[job.queue]
     job.entry = None
     q.ready[job.priority].prune()
     q.ready_count -= 1
     q.in_flight_count += 1
     job.status = IN_FLIGHT
-    job.due_ms = ev.lease_expires_at
-    job.worker_id = ev.worker_id
-    heappush(state.leases, (ev.lease_expires_at, ev.job_id, job))
+    job.due_ms = lease_expires_at
+    job.worker_id = worker_id
+    heappush(state.leases, (lease_expires_at, job_id, job))
 
 
 def _apply_acked(state: State, ev: JobAcked) -> None:
-    job = _in_flight(state, ev)
-    del state.jobs[ev.job_id]
+    job_id = ev[0]
+    job = state.jobs.pop(job_id, None)
+    if job is None or job.status != IN_FLIGHT or job.attempt != ev[1]:
+        if job is not None:
+            state.jobs[job_id] = job  # leave the state as it was: this is a bug report
+        raise ApplyError(f"JobAcked for {job_id} attempt {ev[1]}: job is {job!r}")
     _leave_flight(state, job)
     job.status = DELETED
 
