@@ -30,27 +30,9 @@ from sepp.core.state import (
 )
 
 SNAPSHOT_ROWS_VERSION = 1
-JOB_ROW_FIELDS = (
-    "job_id",
-    "queue",
-    "job_type",
-    "payload_data",
-    "payload_encoding",
-    "priority",
-    "max_attempts",
-    "enqueued_at",
-    "scheduled_at",
-    "idempotency_key",
-    "traceparent",
-    "tracestate",
-    "custom",
-    "order",
-    "attempt",
-    "status",
-    "due_ms",
-    "worker_id",
-    "last_reason",
-)
+# A job row holds the Job's slots in order, all but `entry` (the in-memory index
+# handle, rebuilt on load): one source of truth for the layout.
+JOB_ROW_FIELDS: tuple[str, ...] = tuple(name for name in Job.__slots__ if name != "entry")
 DEAD_ROW_EXTRA_FIELDS = ("cause", "failed_at", "final_attempt", "dead_reason")
 
 

@@ -405,3 +405,11 @@ def test_decisions_replay_identically_from_a_recorded_stream(rng: random.Random)
             apply_record(a, da.time_ms, da.events)
             apply_record(b, db.time_ms, db.events)
     assert a.canonical() == b.canonical()
+
+
+def test_a_job_row_lists_the_job_fields_in_the_documented_order() -> None:
+    from sepp.core.snapshot import JOB_ROW_FIELDS
+    from sepp.core.state import Job, job_fields
+
+    job = Job(*[f"value-{i}" for i in range(len(JOB_ROW_FIELDS))])
+    assert job_fields(job) == [getattr(job, name) for name in JOB_ROW_FIELDS]
