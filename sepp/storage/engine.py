@@ -154,6 +154,7 @@ class Engine:
         self.closed = False
         self._bytes_since_snapshot = 0
         self._snapshot_thread: threading.Thread | None = None
+        self._snapshot_started = 0.0
         # The snapshot recovery used (damaged newer ones were set aside).
         self.snapshot_seq = report.snapshot_seq
         self.snapshot_error: BaseException | None = None
@@ -366,6 +367,8 @@ class Engine:
             target = lambda: self._finish_snapshot(seq, tmp, None)  # noqa: E731
         thread = threading.Thread(target=target, name=f"sepp-snapshot-{seq}", daemon=True)
         self._snapshot_thread = thread
+        self._snapshot_started = time.monotonic()
+        log.info("snapshot at seq %d started (%s, %d live jobs)", seq, self.snapshot_mode, len(self.state.jobs))
         thread.start()
         return True
 
@@ -419,7 +422,12 @@ class Engine:
             self._hook("snapshot.published")
             self.snapshot_seq = seq
             self.stats["snapshots"] += 1
-            self.apply_retention(pace_s=RETENTION_PACE_S if pid is not None else 0.0)
+            log.info(
+                "snapshot at seq %d published in %.2fs", seq, time.monotonic() - self._snapshot_started
+            )
+            removed = self.apply_retention(pace_s=RETENTION_PACE_S if pid is not None else 0.0)
+            if removed:
+                log.info("retention removed %d file(s) covered by snapshots", len(removed))
         except OSError as exc:
             self.snapshot_error = exc
             log.error("snapshot %d not published: %s", seq, exc)

@@ -20,6 +20,7 @@ Must not import: asyncio, sockets.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 
 from log_format import encode_segment_header, segment_file_name
 from sepp.storage.fs import FileSystem
+
+log = logging.getLogger("sepp.storage")
 
 PERSIST_SYNC_ALL = "sync_all"
 PERSIST_SYNC_DATA = "sync_data"
@@ -78,10 +81,25 @@ class SegmentWriter:
         self._hook = hook or _no_hook
         self._handle: int | None = None
         self._unsynced = False
-        if not segments or segments[-1].size >= segment_bytes_max:
-            self._open_new(next_seq)
-        else:
-            self._handle = fs.open_append(segments[-1].path)
+        if segments:
+            # What recovery found may be only in the page cache: a process killed
+            # between a write and its sync (or before a new segment's directory
+            # sync) leaves records a restart replays and builds on. Sync them, and
+            # the directory, before any reply can depend on them: else a later
+            # power loss loses them, or -- once a newer segment is synced --
+            # leaves a sequence gap that refuses to start.
+            handle = fs.open_append(segments[-1].path)
+            try:
+                self._sync(handle)
+                fs.fsync_dir(wal_dir)
+            except BaseException:
+                fs.close(handle)
+                raise
+            if segments[-1].size < segment_bytes_max:
+                self._handle = handle
+                return
+            fs.close(handle)
+        self._open_new(next_seq)
 
     @property
     def active(self) -> Segment:
@@ -104,6 +122,7 @@ class SegmentWriter:
             raise
         with self.lock:
             self.segments.append(Segment(first_seq, path, len(header), first_seq - 1))
+        log.info("log segment %s opened", os.path.basename(path))
         self._handle = handle
         self._unsynced = False
 
