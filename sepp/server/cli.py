@@ -63,10 +63,9 @@ def _serve(args: argparse.Namespace) -> int:
         return await server.wait_stopped()
 
     try:
-        if os.environ.get("SEPP_LOOP") == "uvloop":
-            import uvloop
-
-            return uvloop.run(run())
+        # uvloop was measured and gave no significant gain here (the time goes to
+        # the recv/send system calls and to Python work, not to the loop): the
+        # standard loop it is (benchmarks/README.md, optimisation log).
         return asyncio.run(run())
     except KeyboardInterrupt:  # pragma: no cover - signal handler normally wins
         return 0
