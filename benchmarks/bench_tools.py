@@ -24,8 +24,10 @@ between them, except the OS cache of the log files: every run reads warm files, 
 case of an operator re-running a command), median of --runs:
 
 - verify and replay events/s (`tools.verify.verify`, `tools.replay.replay_to`);
-- the parts of the replay path, to say what dominates: the segment walk alone
-  (checksums), `decode_envelope` alone, `replay_record` alone (bodies in memory);
+- the parts of the fast path, to say what dominates: `ValidEnvelopes` alone
+  (checksums + envelope decoding), `check_run` (+ verify's catalogue and time
+  checks), `replay_run` (+ apply) with and without those checks; the rest of
+  verify is its invariants check and snapshot comparisons;
 - `sepp-log dump` (human output to /dev/null): seconds, events/s and peak resident
   memory (VmHWM from the child's /proc/self/status), next to the interpreter's own
   peak with the tools imported.
@@ -169,41 +171,66 @@ def measure_replay(data_dir: str) -> dict[str, Any]:
 
 
 def measure_parts(data_dir: str) -> dict[str, Any]:
-    """The replay path in pieces: walk (read + checksums), decode, replay_record."""
+    """The fast path in pieces, each over the whole log (segments mapped, as verify
+    and replay read them): `ValidEnvelopes` alone (checksums + envelope decoding),
+    `check_run` (+ verify's catalogue and time checks), `replay_run` (+ apply) and
+    `replay_run` with verify's checks."""
     import gc
+    import mmap
     import time
 
-    from log_format import Record, decode_envelope
+    from log_format import FILE_HEADER_BYTES, ValidEnvelopes
     from sepp.core import State
-    from sepp.storage.replay import replay_record
+    from sepp.storage.replay import RunChecks, check_run, replay_run
     from tools.datadir import open_data_dir
-    from tools.segments import LogWalker
+    from tools.verify import catalogue_checks
 
     gc.disable()
     directory = open_data_dir(data_dir)
-    started = time.perf_counter()
-    bodies = []
-    for item in LogWalker(directory).walk():
-        if type(item) is Record:
-            bodies.append(bytes(item.body))
-    walk_s = time.perf_counter() - started
-    started = time.perf_counter()
-    events = 0
-    for body in bodies:
-        events += len(decode_envelope(body).events)
-    decode_s = time.perf_counter() - started
-    state = State()
-    started = time.perf_counter()
-    for body in bodies:
-        replay_record(state, body)
-    replay_s = time.perf_counter() - started
-    return {
-        "records": len(bodies),
-        "events": events,
-        "walk_s": walk_s,
-        "decode_s": decode_s,
-        "replay_record_s": replay_s,
-    }
+    maps = []
+    for segment in directory.segments:
+        with open(segment.path, "rb") as f:
+            maps.append((mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), segment.first_seq))
+    checks = catalogue_checks()
+
+    def envelopes() -> int:
+        count = 0
+        for buf, seq in maps:
+            for envelope in ValidEnvelopes(buf, start_offset=FILE_HEADER_BYTES, expected_seq=seq):
+                count += len(envelope[3])
+        return count
+
+    def checked() -> int:
+        run_checks = RunChecks(checks)
+        return sum(
+            check_run(
+                buf, start_offset=FILE_HEADER_BYTES, expected_seq=seq, checks=run_checks
+            ).events
+            for buf, seq in maps
+        )
+
+    def replayed(with_checks: bool) -> int:
+        state = State()
+        run_checks = RunChecks(checks) if with_checks else None
+        return sum(
+            replay_run(
+                state, buf, start_offset=FILE_HEADER_BYTES, expected_seq=seq, checks=run_checks
+            ).events
+            for buf, seq in maps
+        )
+
+    out: dict[str, Any] = {}
+    for key, part in (
+        ("envelopes_s", envelopes),
+        ("check_run_s", checked),
+        ("replay_run_s", lambda: replayed(False)),
+        ("replay_run_checks_s", lambda: replayed(True)),
+    ):
+        started = time.perf_counter()
+        out["events"] = part()
+        out[key] = time.perf_counter() - started
+        gc.collect()
+    return out
 
 
 _DUMP_CHILD = """
@@ -323,9 +350,10 @@ def main() -> None:
             parts = [_child("measure_parts", path) for _ in range(args.runs)]
             events = parts[0]["events"]
             for key, label in (
-                ("walk_s", "  part: walk (read + checksums)"),
-                ("decode_s", "  part: decode_envelope"),
-                ("replay_record_s", "  part: replay_record"),
+                ("envelopes_s", "  part: ValidEnvelopes (checksums + decode)"),
+                ("check_run_s", "  part: check_run (+ catalogue, times)"),
+                ("replay_run_s", "  part: replay_run (+ apply)"),
+                ("replay_run_checks_s", "  part: replay_run with verify's checks"),
             ):
                 rows.append(
                     (

@@ -7,9 +7,11 @@ the oldest ready job's age, leases outstanding and overdue) and `write_into` (a 
 data directory holding the log cut after record N).
 
 Promises:
-- One replay path: records are applied with `sepp.storage.replay.replay_record`,
-  from the newest usable snapshot at or before N that the log continues (as
-  recovery chooses), else from the empty state when the log starts at seq 1.
+- One replay path: records are applied with `sepp.storage.replay.replay_run` (the
+  fast path, a run of valid records at a time; `replay_record` for a record it
+  does not take), from the newest usable snapshot at or before N that the log
+  continues (as recovery chooses), else from the empty state when the log starts
+  at seq 1.
 - Read-only over DATA_DIR; records after N are never read, so a log damaged after
   the point of interest can still be recovered up to it.
 - `--into NEW_DIR` (NEW_DIR absent or empty) writes a directory that `sepp serve`
@@ -34,14 +36,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from log_format import FILE_HEADER_BYTES, FormatError, Record, decode_envelope
+from log_format import FILE_HEADER_BYTES, FormatError, Record, ValidEnvelopes, decode_envelope
 from sepp.core.state import IN_FLIGHT, State
 from sepp.storage.fs import RealFileSystem
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
-from sepp.storage.replay import ReplayError, replay_record
+from sepp.storage.replay import ReplayError, replay_record, replay_run
 from tools.datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile, open_data_dir
 from tools.output import Emitter, UsageError, format_duration_ms, format_time_ms
-from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart, record_end, scan_segment_file
+from tools.segments import (
+    CHUNK_BYTES,
+    LogWalker,
+    SegmentStart,
+    Span,
+    record_end,
+    scan_segment_file,
+)
 from tools.states import as_fallback, choose_base, comparable, describe_difference, paused_gc
 
 __all__ = [
@@ -136,8 +145,12 @@ def replay_to(
     until_seq: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    fast_path: bool = True,
 ) -> ReplayResult:
-    """The state after record `until_seq` (None: the last record of the log)."""
+    """The state after record `until_seq` (None: the last record of the log).
+
+    `fast_path=False` applies every record with `replay_record`, read in
+    `chunk_bytes` chunks: the reference the fast path is tested against."""
     base = choose_base(data_dir, target_seq=until_seq, newest=True)
     result = ReplayResult(base.state, base.seq, base_seq=base.seq, base_snapshot=base.snapshot)
     state = base.state
@@ -158,17 +171,73 @@ def replay_to(
     applied = base.seq
     base_seq = base.seq
     limit = until_seq if until_seq is not None else 2**64
-    walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
+    walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes, spans=fast_path)
     segment: SegmentFile | None = None
-    last: Record | None = None  # the last record read at or before the cut
+    # The end of the last record read at or before the cut, in `segment`.
+    last_end: int | None = None
     records = events = 0
     time_ms: int | None = None
-    record_cls = Record
+
+    def failed(offset: int, seq: int, reason: str) -> ReplayResult:
+        result.problems.append(
+            Problem(
+                ERROR,
+                "apply",
+                segment.rel if segment else None,
+                offset,
+                seq,
+                f"record does not replay: {reason}",
+            )
+        )
+        result.state = None
+        return result
+
     # Read from the record the start holds (its segment is the first one copied by
     # --into, so that the log reaches back to the snapshot), apply what follows it.
     with paused_gc():
         for item in walker.walk(from_seq=max(base_seq, 1)):
-            if type(item) is record_cls:
+            if type(item) is Span:
+                seq = item.seq
+                if seq <= base_seq:
+                    # Records the start already holds: read (checksums, envelopes), not applied.
+                    skipped = ValidEnvelopes(
+                        item.buf,
+                        start_offset=item.offset,
+                        expected_seq=seq,
+                        until_seq=min(base_seq, limit),
+                    )
+                    for _envelope in skipped:
+                        pass
+                    if skipped.seq > seq:
+                        last_end = skipped.offset
+                    item.offset, item.seq = skipped.offset, skipped.seq
+                    seq = skipped.seq
+                    if seq > limit:
+                        break
+                    if seq <= base_seq:
+                        continue  # stopped short of the start: the walk says why
+                try:
+                    run = replay_run(
+                        state,
+                        item.buf,
+                        start_offset=item.offset,
+                        expected_seq=seq,
+                        until_seq=until_seq,
+                    )
+                except ReplayError as exc:
+                    return failed(exc.offset, exc.seq, exc.reason)  # type: ignore[attr-defined]
+                if run.records:
+                    applied = run.seq - 1
+                    records += run.records
+                    events += run.events
+                    time_ms = run.last_time_ms
+                    last_end = run.offset
+                item.offset, item.seq = run.offset, run.seq
+                if run.seq > limit:
+                    break
+            elif type(item) is Record:
+                # A valid record the fast path did not take (its envelope does not
+                # decode), or any record without the fast path.
                 seq = item.seq
                 if seq > limit:
                     break
@@ -176,39 +245,27 @@ def replay_to(
                     try:
                         time_ms, count = replay_record(state, item.body)
                     except ReplayError as exc:
-                        result.problems.append(
-                            Problem(
-                                ERROR,
-                                "apply",
-                                segment.rel if segment else None,
-                                item.offset,
-                                seq,
-                                f"record does not replay: {exc}",
-                            )
-                        )
-                        result.state = None
-                        return result
+                        return failed(item.offset, seq, str(exc))
                     applied = seq
                     records += 1
                     events += count
-                last = item
+                last_end = record_end(item)
                 if seq >= limit:
                     break
             elif type(item) is SegmentStart:
-                if segment is not None and last is not None:
-                    result.pieces.append((segment, record_end(last)))
-                segment, last = item.segment, None
+                if segment is not None and last_end is not None:
+                    result.pieces.append((segment, last_end))
+                segment, last_end = item.segment, None
             elif type(item) is Problem:
                 result.problems.append(item)
                 if item.severity == ERROR:
                     result.state = None
                     return result
     result.records, result.events, result.time_ms = records, events, time_ms
-    if segment is not None and (last is not None or not result.pieces):
+    if segment is not None and (last_end is not None or not result.pieces):
         # The first segment may start right after the snapshot and hold nothing
         # at or before the cut: its header alone keeps the log reaching back.
-        end = record_end(last) if last is not None else FILE_HEADER_BYTES
-        result.pieces.append((segment, end))
+        result.pieces.append((segment, last_end if last_end is not None else FILE_HEADER_BYTES))
     result.seq = applied
     log_end = walker.last_seq
     if log_end is None:

@@ -5,8 +5,8 @@ Owns: `scan_segment_file` (the records of one segment file, classified exactly a
 `log_format.read_segment` classifies them, but read with `pread` in chunks),
 `read_header`, `LogWalker` (every segment in order: headers, records, sequence
 continuity across segments, the recovery table's read-only verdict on each kind
-of damage) and `SegmentStart` / `Resync` (items of the walk besides records and
-problems).
+of damage) and `SegmentStart` / `Resync` / `Span` (items of the walk besides
+records and problems).
 
 Promises:
 - Memory is bounded by the chunk size (8 MiB) plus the largest record, whatever the
@@ -24,6 +24,16 @@ Promises:
   appended reads as a torn tail of the last segment -- a warning, never an error.
 - With `resync`, the walk goes on after damage (from the next valid record the
   format's search finds), so `verify` reports every problem, not only the first.
+- With `spans` (replay and verify, which build the whole state anyway), each
+  segment is read whole -- a sealed one mapped read-only (its pages are the page
+  cache's, and only a recovery, which truncates the last segment, could shrink it
+  under the mapping), the last one with one `pread` -- and handed to the consumer
+  as `Span`s for the replay fast path (`log_format.ValidEnvelopes`,
+  `sepp.storage.replay.replay_run`), which takes the valid records a run at a
+  time. Wherever the consumer stops, the walk classifies what is there exactly
+  as above: a valid record the fast path did not take is yielded as a `Record`,
+  damage as a `Problem`. Memory: the last segment, read whole (64 MiB by default;
+  a last segment over 256 MiB is mapped too), besides the state.
 
 Must not import: `sepp.server`, `sepp.client`.
 """
@@ -61,10 +71,12 @@ __all__ = [
     "LogWalker",
     "Resync",
     "SegmentStart",
+    "Span",
     "WalkItem",
     "read_header",
     "record_end",
     "scan_segment_file",
+    "scan_segment_spans",
 ]
 
 # Big enough that the per-chunk work (one pread, one scan_records call) vanishes
@@ -91,7 +103,29 @@ class SegmentStart(NamedTuple):
     is_last: bool
 
 
-WalkItem: TypeAlias = SegmentStart | Record | Problem | Resync
+class Span:
+    """A stretch of valid-looking records for a fast-path consumer (`LogWalker(spans=True)`):
+    the record `seq` should start at `offset` of `buf`, the whole segment file
+    (offsets are file offsets). The consumer reads on from there and sets `offset` /
+    `seq` to the first record it did not take (leaving them unchanged takes none);
+    the walk then goes on from there. `buf` is valid until the walk moves on."""
+
+    __slots__ = ("buf", "offset", "seq")
+
+    def __init__(self, buf: bytes | mmap.mmap, offset: int, seq: int) -> None:
+        self.buf = buf
+        self.offset = offset
+        self.seq = seq
+
+    def __repr__(self) -> str:
+        return f"Span(offset={self.offset}, seq={self.seq})"
+
+
+WalkItem: TypeAlias = SegmentStart | Record | Problem | Resync | Span
+
+# The last segment (a live server's, growing; the one a recovery may truncate) is
+# read with pread rather than mapped when it is no larger than this.
+_READ_WHOLE_MAX = 256 << 20
 
 
 def record_end(record: Record) -> int:
@@ -124,13 +158,18 @@ def _whole_record_bytes(buf: bytes) -> int | None:
 
 
 class _WholeFile:
-    """The file mapped read-only, for classifying damage and searching past it.
-    Used on the damage path only; the mapping is closed as soon as the answer is in
-    hand (a record found here is copied out of it)."""
+    """The file mapped read-only (or, with `buf`, a buffer holding all of it), for
+    classifying damage and searching past it. On the chunked path it is used for
+    damage only, and the mapping is closed as soon as the answer is in hand (a
+    record found here is copied out of it)."""
 
-    def __init__(self, fd: int, size: int) -> None:
-        self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    def __init__(self, buf: bytes | mmap.mmap, size: int) -> None:
+        self._map = buf
         self.size = size
+
+    @classmethod
+    def mapped(cls, fd: int, size: int) -> _WholeFile:
+        return cls(mmap.mmap(fd, size, access=mmap.ACCESS_READ), size)
 
     def first_item(self, offset: int, seq: int) -> ScanItem:
         # The generator is dropped at once, so its view of the mapping goes with it.
@@ -148,8 +187,9 @@ class _WholeFile:
         )
 
     def close(self) -> None:
-        with suppress(BufferError):  # a view still alive: released when it is collected
-            self._map.close()
+        if type(self._map) is mmap.mmap:
+            with suppress(BufferError):  # a view still alive: released when it is collected
+                self._map.close()
 
 
 def scan_segment_file(
@@ -217,7 +257,7 @@ def scan_segment_file(
             if end == size and not (resync and type(terminal) is Corruption):
                 final = _shifted(terminal, off)
             else:
-                whole_file = _WholeFile(fd, size)
+                whole_file = _WholeFile.mapped(fd, size)
                 try:
                     final = (
                         _shifted(terminal, off)
@@ -268,6 +308,81 @@ def _resync_point(whole_file: _WholeFile, damage: Corruption, seq: int) -> tuple
     return whole_file.next_valid(damage.offset + 1, seq)
 
 
+def _read_whole(fd: int, size: int) -> bytes:
+    parts = []
+    done = 0
+    while done < size:
+        part = os.pread(fd, size - done, done)
+        if not part:  # the file shrank under us: it ends where the data ends
+            break
+        parts.append(part)
+        done += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def scan_segment_spans(
+    path: str,
+    *,
+    expected_seq: int,
+    read_whole: bool = False,
+    resync: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Iterator[ScanItem | Resync | Span]:
+    """`scan_segment_file` for a fast-path consumer: the file is mapped read-only
+    (with `read_whole`, read with pread instead) and offered as `Span`s; wherever
+    the consumer stops, what is there is classified as `scan_segment_file`
+    classifies it -- a valid record yielded as a `Record` (its body copied out of
+    the file), followed by a new `Span` after it, or the terminal item (with
+    `resync`, `Resync` and a new `Span` after a corruption that valid records
+    follow)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        buf: bytes | mmap.mmap | None = None
+        if not read_whole and size > FILE_HEADER_BYTES:
+            with suppress(ValueError):  # ValueError: the file is empty by now
+                buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # 0: the file as it is now
+        if buf is None:
+            buf = _read_whole(fd, size)
+        size = len(buf)
+    finally:
+        os.close(fd)  # a mapping keeps the file open for itself
+    whole_file = _WholeFile(buf, size)
+    off = FILE_HEADER_BYTES
+    seq = expected_seq
+    try:
+        while True:
+            span = Span(buf, off, seq)
+            yield span
+            if span.offset > off and on_bytes is not None:
+                on_bytes(span.offset - off)
+            off, seq = span.offset, span.seq
+            item = whole_file.first_item(off, seq)  # a record is copied out
+            if type(item) is Record:
+                if on_bytes is not None:
+                    on_bytes(record_end(item) - off)
+                yield item
+                off, seq = record_end(item), item.seq + 1
+                continue
+            if type(item) is CleanEnd:
+                yield item
+                return
+            nxt = (
+                _resync_point(whole_file, item, seq)
+                if resync and type(item) is Corruption
+                else None
+            )
+            yield item
+            if on_bytes is not None:
+                on_bytes((nxt[0] if nxt is not None else size) - off)
+            if nxt is None:
+                return
+            yield Resync(nxt[0], nxt[1])
+            off, seq = nxt
+    finally:
+        whole_file.close()
+
+
 class LogWalker:
     """Every segment of a data directory in sequence order, as a stream of
     `SegmentStart`, `Record`, `Problem` and `Resync` items.
@@ -281,6 +396,10 @@ class LogWalker:
     want: nothing after a hole can be trusted to follow on); with it, the walk goes
     on after damage and reports every problem (verify).
 
+    With `spans`, the records of each segment come as `Span`s for the consumer to
+    take with the fast path (see the module docstring), and as `Record`s only where
+    it stopped at a valid record; `chunk_bytes` is then unused.
+
     After the walk, `last_seq` is the seq of the last valid record read (None if
     none) and `first_seq` the first."""
 
@@ -291,11 +410,13 @@ class LogWalker:
         resync: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
         on_bytes: Callable[[int], None] | None = None,
+        spans: bool = False,
     ) -> None:
         self.data_dir = data_dir
         self.resync = resync
         self.chunk_bytes = chunk_bytes
         self.on_bytes = on_bytes
+        self.spans = spans
         self.first_seq: int | None = None
         self.last_seq: int | None = None
         self.errors = 0
@@ -323,6 +444,16 @@ class LogWalker:
                     if self.first_seq is None:
                         self.first_seq = item.seq
                     self.last_seq = item.seq
+                elif type(item) is Span:
+                    start = item.seq
+                    try:
+                        yield item
+                    finally:  # also when the consumer stops the walk at this span
+                        if item.seq > start:
+                            if self.first_seq is None:
+                                self.first_seq = start
+                            self.last_seq = item.seq - 1
+                    continue
                 yield item
                 if stop:
                     return
@@ -387,15 +518,28 @@ class LogWalker:
         yield SegmentStart(segment, first_seq, is_last)
         expected_here = first_seq
         try:
-            items = scan_segment_file(
-                segment.path,
-                expected_seq=first_seq,
-                chunk_bytes=self.chunk_bytes,
-                resync=self.resync,
-                on_bytes=self.on_bytes,
-            )
+            items: Iterator[ScanItem | Resync | Span]
+            if self.spans:
+                items = scan_segment_spans(
+                    segment.path,
+                    expected_seq=first_seq,
+                    read_whole=is_last and segment.size <= _READ_WHOLE_MAX,
+                    resync=self.resync,
+                    on_bytes=self.on_bytes,
+                )
+            else:
+                items = scan_segment_file(
+                    segment.path,
+                    expected_seq=first_seq,
+                    chunk_bytes=self.chunk_bytes,
+                    resync=self.resync,
+                    on_bytes=self.on_bytes,
+                )
             for item in items:
-                if type(item) is Record:
+                if type(item) is Span:
+                    yield item
+                    expected_here = item.seq
+                elif type(item) is Record:
                     expected_here = item.seq + 1
                     yield item
                 elif type(item) is Resync:

@@ -4,7 +4,8 @@ Owns: `replay_record` (one record body) and `replay_run` (the leading run of val
 records of a segment, through `log_format.ValidEnvelopes`) — the one replay path
 that recovery, `sepp-log` and the tests all use, so there is a single replay
 implementation to trust and to make fast — and `RunChecks`, the checks a caller
-such as `sepp-log verify` can have `replay_run` make in the same pass.
+such as `sepp-log verify` can have `replay_run` make in the same pass (and
+`check_run`, the same checks over records it does not replay).
 
 Promises: either every event of a record is applied, or `ReplayError` is raised
 (the body does not decode, an event is unknown or malformed, or an event
@@ -93,7 +94,9 @@ def replay_record(state: State, body: bytes | memoryview) -> tuple[int, int]:
 
 class RunResult:
     """What `replay_run` did: records and events applied, the newest record time,
-    and where it stopped (offset and seq of the first record not applied)."""
+    and where it stopped (offset and seq of the first record not applied). On a
+    ReplayError (its `.result`): the records and events applied before the record
+    that does not apply, and that record's offset and seq."""
 
     __slots__ = ("events", "last_time_ms", "offset", "records", "seq")
 
@@ -117,8 +120,8 @@ class RunChecks:
 
     - `event_checks[type_id]`: a predicate over each stored event of that type
       (`[type_id, version, field...]`, whose type id and version replay already
-      checked): false, or ValueError / TypeError / IndexError / KeyError, fails the
-      record. A type without a predicate fails every record holding one;
+      checked): false, or any exception, fails the record. A type without a
+      predicate fails every record holding one;
     - record times: a record earlier than `last_time_ms` (the time of the record
       before the run; -1: none) fails. `last_time_ms` follows the run: after it,
       it is the time of the last record that passed.
@@ -177,6 +180,7 @@ def replay_run(
     # `_apply_events` inlined: this loop runs once per record of the whole log.
     table = APPLY_TABLE
     shapes = _SHAPES
+    known = len(shapes)  # a type id past the table is unknown (from_fields says so)
     new = _new_tuple
     clock = state.clock_ms
     envelopes = iter(run)
@@ -188,7 +192,7 @@ def replay_run(
             batch = envelope[3]
             for fields in batch:
                 type_id = fields[0]
-                shape = shapes[type_id] if type(type_id) is int and type_id >= 0 else None
+                shape = shapes[type_id] if type(type_id) is int and 0 <= type_id < known else None
                 if (
                     shape is None
                     or type(fields) is not list
@@ -230,6 +234,28 @@ def _checked_run(
             batch = envelope[3]
             if time_ms < before:
                 break
+            if len(batch) == 1:
+                # One event a record (the common case): check it, then apply it.
+                fields = batch[0]
+                try:
+                    type_id = fields[0]
+                    entry = checked[type_id] if type(type_id) is int and type_id >= 0 else None
+                    if (
+                        entry is None
+                        or type(fields) is not list
+                        or fields[1] != entry[1]
+                        or not entry[2](fields)
+                    ):
+                        break
+                except Exception:
+                    break
+                before = time_ms
+                if time_ms > clock:
+                    state.clock_ms = clock = time_ms
+                table[type_id](state, new(entry[0], fields[2:]))
+                events += 1
+                records += 1
+                continue
             failed = False
             try:
                 for fields in batch:
@@ -243,10 +269,10 @@ def _checked_run(
                     ):
                         failed = True
                         break
-            except (ValueError, TypeError, IndexError, KeyError):
+            except Exception:
                 failed = True
             if failed:
-                break  # this event failed
+                break  # this event failed: the caller looks at the record
             before = time_ms
             if time_ms > clock:
                 state.clock_ms = clock = time_ms
@@ -308,7 +334,7 @@ def check_run(
                 ):
                     failed = True
                     break
-        except (ValueError, TypeError, IndexError, KeyError):
+        except Exception:
             failed = True
         if failed:
             break

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -99,3 +100,29 @@ def test_after_any_damage_it_yields_what_the_slow_path_accepts(
             data[pos] ^= 1 << rng.randrange(8)
     damaged = bytes(data[: max(FILE_HEADER_BYTES, len(data) - cut)])
     assert fast(damaged) == reference(damaged)
+
+
+def test_until_seq_stops_before_the_next_record_unread(kit) -> None:
+    built = kit.segment(envelope_bodies(6))
+    for until, taken in ((0, 0), (1, 1), (4, 4), (6, 6), (99, 6)):
+        run = ValidEnvelopes(
+            built.data, start_offset=FILE_HEADER_BYTES, expected_seq=1, until_seq=until
+        )
+        assert list(run) == reference(built.data)[0][:taken]
+        assert (run.offset, run.seq) == ([*built.offsets, built.end][taken], taken + 1)
+    # Nothing after the limit is looked at: damage there does not matter.
+    damaged = kit.flip_bit(built.data, built.offsets[4] + 2)
+    run = ValidEnvelopes(damaged, start_offset=FILE_HEADER_BYTES, expected_seq=1, until_seq=4)
+    assert len(list(run)) == 4 and (run.offset, run.seq) == (built.offsets[4], 5)
+
+
+def test_a_bool_or_a_float_does_not_pass_for_a_number_in_the_envelope(kit) -> None:
+    bodies = envelope_bodies(4)
+    envelope = msgpack.unpackb(bodies[1])
+    for index, value in ((0, True), (0, 1.0), (1, True), (1, 1000.0), (2, True), (2, 1.0)):
+        changed = list(envelope)
+        changed[index] = value
+        damaged = [*bodies[:1], msgpack.packb(changed), *bodies[2:]]
+        built = kit.segment(damaged)
+        assert fast(built.data) == reference(built.data)
+        assert fast(built.data)[1:] == (built.offsets[1], 2), (index, value)

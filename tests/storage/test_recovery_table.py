@@ -687,7 +687,7 @@ UNDECODABLE_REASONS = {
     "not_msgpack": lambda body: _envelope_error(body),
     "unknown_event_type": lambda body: "unknown event type id 0",
     "wrong_event_version": lambda body: "JobAcked version 7 is not supported (expected 1)",
-    "event_does_not_apply": lambda body: f"JobAcked for {numbered_id(999)}: job is None",
+    "event_does_not_apply": lambda body: f"JobAcked for {numbered_id(999)} attempt 1: job is None",
 }
 
 

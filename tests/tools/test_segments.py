@@ -14,14 +14,17 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from log_format import (
     FILE_HEADER_BYTES,
+    RECORD_HEADER_BYTES,
     CleanEnd,
     Corruption,
     Record,
     SegmentHeader,
+    ValidEnvelopes,
     decode_segment_header,
     find_next_valid_record,
     read_segment,
@@ -33,7 +36,7 @@ from tests.tools.helpers import (
     scripted_log,
     segment_paths,
 )
-from tools.segments import Resync, scan_segment_file
+from tools.segments import Resync, Span, scan_segment_file, scan_segment_spans
 
 
 def _normal(item: Any) -> Any:
@@ -220,3 +223,64 @@ def test_reader_on_a_clean_segment_yields_every_record_then_a_clean_end(
     live.close()
     for path in segment_paths(tmp_path / "data"):
         assert _tools(path, chunk_bytes) == _reference(path)
+
+
+def _take_with_the_fast_path(
+    path: Path, first_seq: int, rng: random.Random, read_whole: bool
+) -> list[Any]:
+    """`scan_segment_spans` driven by a consumer that takes a random number of
+    records from each span with `ValidEnvelopes` (noting them as records), as the
+    items `scan_segment_file` would have yielded."""
+    out: list[Any] = []
+    items = scan_segment_spans(
+        str(path), expected_seq=first_seq, read_whole=read_whole, resync=True
+    )
+    for item in items:
+        if type(item) is not Span:
+            out.append(_normal(item))
+            continue
+        run = ValidEnvelopes(
+            item.buf,
+            start_offset=item.offset,
+            expected_seq=item.seq,
+            until_seq=item.seq + rng.randrange(4) - 1 if rng.random() < 0.5 else None,
+        )
+        offset, seq = item.offset, item.seq
+        for envelope in run:
+            end = record_end_at(item.buf, offset)
+            out.append(("record", offset, seq, 1, bytes(item.buf[offset + 24 : end])))
+            assert envelope == list(msgpack.unpackb(item.buf[offset + 24 : end]))
+            offset, seq = end, seq + 1
+        assert (run.offset, run.seq) == (offset, seq)
+        item.offset, item.seq = run.offset, run.seq
+    return out
+
+
+def record_end_at(buf: Any, offset: int) -> int:
+    return offset + RECORD_HEADER_BYTES + int.from_bytes(buf[offset + 8 : offset + 12], "little")
+
+
+def test_spans_classify_damaged_segments_as_the_chunked_reader_does(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    live = scripted_log(tmp_path / "data")
+    live.close()
+    sources = segment_paths(tmp_path / "data")
+    for case in range(100):
+        source = rng.choice(sources)
+        damaged = source.read_bytes()
+        for _ in range(rng.randrange(0, 4)):
+            offsets = [r.offset for r in _valid_records(damaged)] + [len(damaged)]
+            if len(offsets) < 2:
+                break
+            _what, damaged = _damage(damaged, rng, offsets)
+        path = tmp_path / f"case{case}" / source.name
+        path.parent.mkdir()
+        path.write_bytes(damaged)
+        first_seq = int(source.stem)
+        expected = [
+            _normal(item)
+            for item in scan_segment_file(str(path), expected_seq=first_seq, resync=True)
+        ]
+        for read_whole in (False, True):
+            assert _take_with_the_fast_path(path, first_seq, rng, read_whole) == expected, case

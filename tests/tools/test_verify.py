@@ -27,6 +27,7 @@ from log_format import (
 )
 from sepp.core import CoreConfig
 from sepp.storage import Engine, RealFileSystem, RecoveryError
+from sepp.storage.replay import ReplayError, replay_record
 from sepp.storage.snapshots import write_snapshot_file
 from tests.storage.helpers import numbered_id
 from tests.tools.helpers import (
@@ -279,9 +280,14 @@ def test_event_that_does_not_apply_is_reported(scripted: LiveLog) -> None:
     stranger = numbered_id(99)
     _path, offset = reencode(scripted.data_dir, 26, events=[[3, 1, stranger, 1, "w1"]])
     report = run(scripted.data_dir)
-    assert report.problems == [
-        Problem(ERROR, "apply", SEG25, offset, 26, f"JobAcked for {stranger}: job is None")
-    ]
+    # The reason is the replay's own, word for word (the apply layer words it).
+    before = replay_to(open_data_dir(str(scripted.data_dir)), until_seq=25).state
+    assert before is not None
+    with pytest.raises(ReplayError) as replayed:
+        replay_record(before, locate(scripted.data_dir, 26)[1].body)
+    reason = str(replayed.value)
+    assert reason.startswith(f"JobAcked for {stranger}") and reason.endswith("job is None")
+    assert report.problems == [Problem(ERROR, "apply", SEG25, offset, 26, reason)]
     assert report.replay_stopped == "record 26 does not apply; the replay stopped after seq 25"
 
 
