@@ -61,10 +61,12 @@ class Enqueue:
         return 2 if self.atomic else 1
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reserve:
-    """Lease up to `max_jobs` Ready jobs from `queues`, tried in the order given."""
+# The four commands of the worker's hot path (one per request) are NamedTuples,
+# like NewJob: built once per request, they cost a fifth of a frozen dataclass.
+# Each is a NamedTuple of its fields plus a subclass carrying the KIND number.
 
+
+class _ReserveFields(NamedTuple):
     queues: tuple[str, ...]
     lease_ms: int
     max_jobs: int = 1
@@ -72,6 +74,12 @@ class Reserve:
     # Stop adding jobs once their payloads total more than this (the edge sets it
     # from its frame limit); one job is always delivered. None = no cap.
     max_bytes: int | None = None
+
+
+class Reserve(_ReserveFields):
+    """Lease up to `max_jobs` Ready jobs from `queues`, tried in the order given."""
+
+    __slots__ = ()
     KIND: ClassVar[int] = 3
 
     @property
@@ -79,11 +87,16 @@ class Reserve:
         return self.KIND
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ack:
+class _AckFields(NamedTuple):
     job_id: str
     attempt: int
     worker_id: str | None = None
+
+
+class Ack(_AckFields):
+    """The in-flight attempt succeeded."""
+
+    __slots__ = ()
     KIND: ClassVar[int] = 4
 
     @property
@@ -91,17 +104,20 @@ class Ack:
         return self.KIND
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Nack:
-    """Report a failed attempt. `retry` is RETRY_DEFAULT (the queue's retry policy),
-    RETRY_DELAY (retry after `delay_ms`) or RETRY_DEAD_LETTER (give up now)."""
-
+class _NackFields(NamedTuple):
     job_id: str
     attempt: int
     retry: str = RETRY_DEFAULT
     delay_ms: int | None = None
     reason: str | None = None
     worker_id: str | None = None
+
+
+class Nack(_NackFields):
+    """Report a failed attempt. `retry` is RETRY_DEFAULT (the queue's retry policy),
+    RETRY_DELAY (retry after `delay_ms`) or RETRY_DEAD_LETTER (give up now)."""
+
+    __slots__ = ()
     KIND: ClassVar[int] = 5
 
     @property
@@ -109,14 +125,17 @@ class Nack:
         return self.KIND
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Extend:
-    """Move the lease deadline to now + `lease_ms` (clamped)."""
-
+class _ExtendFields(NamedTuple):
     job_id: str
     attempt: int
     lease_ms: int
     worker_id: str | None = None
+
+
+class Extend(_ExtendFields):
+    """Move the lease deadline to now + `lease_ms` (clamped)."""
+
+    __slots__ = ()
     KIND: ClassVar[int] = 6
 
     @property

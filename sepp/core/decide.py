@@ -467,12 +467,16 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
             f"reserve names at most {limits.max_reserve_queues} queues, got {len(queues)}"
         )
     lease_cap = 2**62
+    known = state.queues
     for name in queues:
-        problem = _queue_name_error(name)
-        if problem is None and _utf8_len(name) > limits.max_queue_name_bytes:
-            problem = f"queue name is longer than {limits.max_queue_name_bytes} bytes"
-        if problem is not None:
-            return InvalidArgument(problem)
+        # A queue the state knows was created from a validated name (an enqueue or
+        # the config); only names never seen need checking (a reserve per request).
+        if name not in known:
+            problem = _queue_name_error(name)
+            if problem is None and _utf8_len(name) > limits.max_queue_name_bytes:
+                problem = f"queue name is longer than {limits.max_queue_name_bytes} bytes"
+            if problem is not None:
+                return InvalidArgument(problem)
         declared = name in config.queues
         if config.strict_queues and not declared:
             unknown = tuple(dict.fromkeys(q for q in queues if q not in config.queues))
@@ -500,7 +504,7 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
             continue
         for prio in range(PRIORITY_LEVELS - 1, -1, -1):
             level = q.ready[prio]
-            if not level:
+            if not level.fifo and not level.heap:
                 continue
             if want - len(picked) == 1:
                 # The common case: a head is always valid (apply prunes).
