@@ -346,8 +346,8 @@ def _queue_entries(raw: Any, origin: str) -> list[dict[str, Any]]:
 def _env_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return text  # then checked as a string: a clear error naming the key
 
 
 def resolve_config_path(explicit: str | None, env: Mapping[str, str]) -> tuple[str | None, bool]:
@@ -382,6 +382,10 @@ def load_config(
             raise ConfigError("config", f"file {source} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("config", f"{source} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError("config", f"{source} is not UTF-8 text: {exc}") from None
+        except RecursionError:
+            raise ConfigError("config", f"{source} nests tables or arrays too deeply") from None
         except OSError as exc:
             raise ConfigError("config", f"cannot read {source}: {exc}") from None
         for section, raw in data.items():

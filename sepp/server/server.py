@@ -57,6 +57,7 @@ from sepp.protocol import messages as pm
 from sepp.protocol.framing import FrameReader, encode_frame
 from sepp.server import gcpolicy
 from sepp.server.config import ServerConfig
+from sepp.server.faults import crash_hook_from_env
 from sepp.server.ids import JobIds
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
 from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_view_body, new_job
@@ -146,7 +147,12 @@ class SeppServer:
         self._loop = asyncio.get_running_loop()
         data_dir = self.config.get("server", "data_dir")
         self.engine = engine = Engine.open(
-            data_dir, self.core_config, self.config.storage_options(), fs=self.fs
+            data_dir,
+            self.core_config,
+            self.config.storage_options(),
+            fs=self.fs,
+            # Test-only: SEPP_FAULT_CRASH_AT (see faults.py); None when unset.
+            hook=crash_hook_from_env(),
         )
         report = engine.recovery_report
         log.info(
@@ -413,9 +419,12 @@ class SeppServer:
     def _schedule_sweep(self) -> None:
         if self.stopping or self.engine is None or self._loop is None:
             return
+        deadline = self.engine.state.next_deadline()
+        current = self._sweep_target
+        if current is not None and (deadline is None or deadline >= current):
+            return  # the timer already fires early enough (the usual case)
         now = self.clock()
         target = now + self.sweep_interval_ms
-        deadline = self.engine.state.next_deadline()
         if deadline is not None and deadline < target:
             target = deadline
         if self._sweep_timer is not None and self._sweep_target is not None:

@@ -15,9 +15,16 @@ from sepp.storage.engine import (
 )
 from sepp.storage.fs import FileSystem, RealFileSystem
 from sepp.storage.recovery import RecoveryError, RecoveryReport
-from sepp.storage.wal import PERSIST_BUFFER, PERSIST_MODES, PERSIST_SYNC_ALL, PERSIST_SYNC_DATA
+from sepp.storage.wal import (
+    HOOK_POINTS,
+    PERSIST_BUFFER,
+    PERSIST_MODES,
+    PERSIST_SYNC_ALL,
+    PERSIST_SYNC_DATA,
+)
 
 __all__ = [
+    "HOOK_POINTS",
     "PERSIST_BUFFER",
     "PERSIST_MODES",
     "PERSIST_SYNC_ALL",

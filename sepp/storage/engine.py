@@ -65,8 +65,11 @@ from sepp.storage.wal import (
 
 log = logging.getLogger("sepp.storage")
 
-# Pause between two segment deletions of the background retention.
+# Pause between two segment deletions of the background retention, for a segment of
+# RETENTION_PACE_BYTES or more; smaller segments pause in proportion to their size
+# (deleting hundreds of tiny segments must not hold off the next snapshot for long).
 RETENTION_PACE_S = 0.05
+RETENTION_PACE_BYTES = 64 * 1024 * 1024
 
 LOCK_FILE = "LOCK"
 
@@ -368,7 +371,12 @@ class Engine:
         thread = threading.Thread(target=target, name=f"sepp-snapshot-{seq}", daemon=True)
         self._snapshot_thread = thread
         self._snapshot_started = time.monotonic()
-        log.info("snapshot at seq %d started (%s, %d live jobs)", seq, self.snapshot_mode, len(self.state.jobs))
+        log.info(
+            "snapshot at seq %d started (%s, %d live jobs)",
+            seq,
+            self.snapshot_mode,
+            len(self.state.jobs),
+        )
         thread.start()
         return True
 
@@ -423,7 +431,9 @@ class Engine:
             self.snapshot_seq = seq
             self.stats["snapshots"] += 1
             log.info(
-                "snapshot at seq %d published in %.2fs", seq, time.monotonic() - self._snapshot_started
+                "snapshot at seq %d published in %.2fs",
+                seq,
+                time.monotonic() - self._snapshot_started,
             )
             removed = self.apply_retention(pace_s=RETENTION_PACE_S if pid is not None else 0.0)
             if removed:
@@ -494,7 +504,7 @@ class Engine:
                 # Unlinking a 64 MiB segment makes the file system journal free
                 # its blocks, and the log's next fdatasync waits behind that: one
                 # segment at a time, with a pause, keeps commit stalls short.
-                time.sleep(pace_s)
+                time.sleep(pace_s * min(1.0, first.size / RETENTION_PACE_BYTES))
             self._hook("retention.before_delete")
             self.fs.remove(first.path)
             self._hook("retention.after_delete")

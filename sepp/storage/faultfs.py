@@ -10,7 +10,10 @@ is durable and what is not, and can
 - **fail** a chosen operation with an `OSError` (ENOSPC, EIO, ...), once or for good;
 - **run a hook** before every operation (tests raise `SimulatedCrash` from it to
   stop the process at an exact point: between write and sync, mid-rotation, ...);
-- **flip bits** and **cap capacity**.
+- **flip bits** and **cap capacity**;
+
+and `Crasher`, the hook that kills the simulated process before the n-th mutating
+file operation or at the n-th hit of a storage hook point.
 
 Promises: the model is stricter than ext4 (a new file's directory entry is lost
 unless its directory is synced), so code that survives it survives real disks.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +34,58 @@ from dataclasses import dataclass, field
 class SimulatedCrash(BaseException):
     """Raised by a test hook to stop the "process" at an exact point. A
     BaseException so that no `except Exception` in the code under test eats it."""
+
+
+# The operations that change the disk (a crash "before the n-th" counts these).
+MUTATING_OPS = frozenset(
+    ("create", "write", "fsync", "fdatasync", "truncate", "rename", "remove", "fsync_dir")
+)
+
+
+class Crasher:
+    """When the simulated process dies: before the n-th mutating file operation
+    (`fs_hook`, for `FaultyFileSystem(hook=...)`), or at the n-th hit of a named
+    storage hook point (`engine_hook`, for `Engine.open(hook=...)`). Once dead,
+    every file operation and hook raises, so no thread of the dead process touches
+    the disk again. `killed_at` says where: `"before OP PATH"` or the point."""
+
+    def __init__(self) -> None:
+        self.dead = False
+        self.killed_at: str | None = None
+        self.ops_left: int | None = None
+        self.point: str | None = None
+        self.point_hits_left = 0
+        self.hits: Counter[str] = Counter()
+
+    def arm_ops(self, n: int) -> None:
+        self.ops_left = n
+
+    def arm_point(self, point: str, n: int) -> None:
+        self.point, self.point_hits_left = point, n
+
+    def reset(self) -> None:
+        self.dead, self.killed_at, self.ops_left, self.point = False, None, None, None
+
+    def _die(self, where: str) -> None:
+        self.dead, self.killed_at = True, where
+        raise SimulatedCrash(where)
+
+    def fs_hook(self, op: str, path: str) -> None:
+        if self.dead:
+            raise SimulatedCrash("the process is dead")
+        if self.ops_left is not None and op in MUTATING_OPS:
+            self.ops_left -= 1
+            if self.ops_left <= 0:
+                self._die(f"before {op} {path}")
+
+    def engine_hook(self, point: str) -> None:
+        self.hits[point] += 1
+        if self.dead:
+            raise SimulatedCrash("the process is dead")
+        if point == self.point:
+            self.point_hits_left -= 1
+            if self.point_hits_left <= 0:
+                self._die(point)
 
 
 @dataclass

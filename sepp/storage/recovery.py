@@ -10,7 +10,7 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 2 | segments from seq 1, no snapshot | replay everything |
 | 3 | a snapshot at S and segments covering S+1.. | load it, replay records > S |
 | 4 | a torn record at the tail of the **last** segment | truncate it (a crash mid-append, never acknowledged) |
-| 5 | a last segment whose header is torn or zero and holds nothing else | remove it (a crash mid-rotation, before any record) |
+| 5 | a last segment whose header is torn (a prefix of the magic) and holds nothing else, or that is all zeros | remove it (a crash mid-rotation, before any record) |
 | 6 | damage (torn or not) in a **sealed** segment | refuse to start |
 | 7 | a bad record followed by valid ones, anywhere | refuse to start |
 | 8 | a sequence gap or repeat, inside a segment or between segments | refuse to start |
@@ -121,9 +121,10 @@ def _header(data: bytes) -> SegmentHeader | str | None:
         return decode_segment_header(data)
     except FormatError as exc:
         head = data[: min(len(data), FILE_HEADER_BYTES)]
-        # A strict prefix of a header (the magic so far) or zeros is torn; a whole
-        # 32-byte header that fails its checks is damage (FORMAT.md 5.3), not a crash.
-        if len(data) <= FILE_HEADER_BYTES and not any(head):
+        # A strict prefix of a header (the magic so far) or a file of zeros of any
+        # length (blocks allocated, never written) is torn; a 32-byte header that
+        # fails its checks amid other bytes is damage (FORMAT.md 5.3), not a crash.
+        if not any(data):
             return None
         if len(data) < FILE_HEADER_BYTES and SEGMENT_MAGIC.startswith(head[: len(SEGMENT_MAGIC)]):
             return None

@@ -38,6 +38,20 @@ PERSIST_MODES = (PERSIST_SYNC_ALL, PERSIST_SYNC_DATA, PERSIST_BUFFER)
 
 Hook = Callable[[str], None]
 
+# Every point at which storage calls its hook (tests crash there), in data-path order.
+HOOK_POINTS = (
+    "wal.after_write",
+    "wal.after_sync",
+    "rotate.after_create",
+    "rotate.after_header_sync",
+    "rotate.after_dir_sync",
+    "snapshot.before_rename",
+    "snapshot.after_rename",
+    "snapshot.published",
+    "retention.before_delete",
+    "retention.after_delete",
+)
+
 
 def _no_hook(point: str) -> None:
     return None

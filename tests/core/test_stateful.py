@@ -17,7 +17,6 @@ Hypothesis is seeded from SEPP_SEED by tests/conftest.py.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import uuid
 from typing import Any
@@ -45,24 +44,20 @@ from sepp.core import (
     Sweep,
     apply_record,
 )
-from sepp.core.events import CAUSE_NAMES
 from sepp.core.results import (
     Accepted,
-    AckResult,
-    AdminResult,
-    AtomicRejected,
     CommandError,
-    DrainResult,
     EnqueueResult,
-    ExtendResult,
-    InvalidRequest,
-    NackResult,
-    ReserveResult,
-    SweepResult,
 )
-from sepp.core.state import STATUS_NAMES
 from tests.core.helpers import Harness
-from tests.core.model import IN_FLIGHT, MJob, Model
+from tools.refmodel import (
+    IN_FLIGHT,
+    MJob,
+    Model,
+    assert_same_answer,
+    normalise,
+    observe_core,
+)
 
 # ---------------------------------------------------------------------------
 # Configurations: each run draws one.
@@ -228,123 +223,6 @@ DIRECTIVES = often(
     [("default", None), ("default", None), ("delay", 0), ("delay", 100), ("delay", 2_000), ("dead_letter", None)],
     [("delay", 10**10), ("delay", None), ("delay", -5), ("later", None)],
 )  # fmt: skip
-
-# ---------------------------------------------------------------------------
-# Normalising the core's answers into the model's vocabulary.
-
-
-def values(obj: Any) -> tuple[Any, ...]:
-    """The field values of a reply object (a dataclass or a NamedTuple), shallow."""
-    if dataclasses.is_dataclass(obj):
-        return tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
-    assert isinstance(obj, tuple), obj
-    return tuple(obj)
-
-
-def rejection_key(rejection: Any) -> tuple[str, tuple[Any, ...]]:
-    if isinstance(rejection, InvalidRequest):
-        return (rejection.reason, ())
-    return (rejection.reason, values(rejection))
-
-
-def normalise(result: Decision | CommandError) -> tuple[Any, ...]:
-    if isinstance(result, CommandError):
-        return ("error", type(result).__name__)
-    reply = result.reply
-    if isinstance(reply, EnqueueResult):
-        return (
-            "enqueue",
-            [
-                ("ok", r.job_id, r.deduplicated)
-                if isinstance(r, Accepted)
-                else ("rej", rejection_key(r))
-                for r in reply.results
-            ],
-        )
-    if isinstance(reply, AtomicRejected):
-        return ("atomic_rejected", [(i, rejection_key(r)) for i, r in reply.failures])
-    if isinstance(reply, ReserveResult):
-        return ("reserve", [values(view) for view in reply.jobs])
-    if isinstance(reply, AckResult):
-        return ("ack", reply.job_id)
-    if isinstance(reply, NackResult):
-        return ("nack", reply.job_id, reply.dead_lettered)
-    if isinstance(reply, ExtendResult):
-        return ("extend", reply.job_id, reply.lease_expires_at)
-    if isinstance(reply, DrainResult):
-        return (
-            "drain",
-            [
-                (
-                    r.job.job_id,
-                    r.job.queue,
-                    CAUSE_NAMES[r.cause],
-                    r.failed_at,
-                    r.final_attempt,
-                    r.last_reason,
-                    r.job.attempt,
-                )
-                for r in reply.records
-            ],
-        )
-    if isinstance(reply, SweepResult):
-        return ("sweep", values(reply))
-    if isinstance(reply, AdminResult):
-        return ("admin", reply.affected, tuple(raw.lower() for raw, _ in reply.refused))
-    raise AssertionError(f"unexpected reply {reply!r}")
-
-
-def assert_same_answer(core: tuple[Any, ...], model: tuple[Any, ...]) -> None:
-    kind = model[0]
-    assert core[0] == kind, (core, model)
-    if kind == "error":
-        assert core[1] in model[1], (core, model)
-    elif kind == "enqueue":
-        assert len(core[1]) == len(model[1]), (core, model)
-        for c, m in zip(core[1], model[1]):
-            if m[0] == "ok":
-                assert c == m, (core, model)
-            else:
-                assert c[0] == "rej" and c[1] in m[1], (c, m)
-    elif kind == "atomic_rejected":
-        assert [i for i, _ in core[1]] == [i for i, _ in model[1]], (core, model)
-        for (_, c), (_, m) in zip(core[1], model[1]):
-            assert c in m, (c, m)
-    else:
-        assert core == model, (core, model)
-
-
-def observe_core(state: State) -> dict[str, Any]:
-    queues = {}
-    oldest_ready = {}
-    for name, q in state.queues.items():
-        queues[name] = (q.ready_count, q.scheduled_count, q.in_flight_count, len(q.dead))
-        oldest_ready[name] = state.oldest_ready_enqueued_at(name)
-    return {
-        "clock": state.clock_ms,
-        "jobs": {
-            j.job_id: (
-                j.queue,
-                STATUS_NAMES[j.status],
-                j.attempt,
-                j.max_attempts,
-                j.priority,
-                j.enqueued_at,
-                j.scheduled_at,
-                j.due_ms,
-                j.last_reason,
-            )
-            for j in state.jobs.values()
-        },
-        "queues": queues,
-        "oldest_ready": oldest_ready,
-        "dead": [
-            (jid, d.job.queue, CAUSE_NAMES[d.cause], d.failed_at, d.final_attempt, d.last_reason)
-            for jid, d in state.dead.items()
-        ],
-        "dedup": dict(state.dedup),
-        "next_deadline": state.next_deadline(),
-    }
 
 
 def job_id_for(n: int) -> str:

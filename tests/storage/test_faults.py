@@ -40,7 +40,7 @@ from log_format import (
 from sepp.core import check_invariants
 from sepp.core.events import EVENT_CLASSES
 from sepp.storage import Engine, RecoveryError, StorageFailed, StorageOptions
-from sepp.storage.faultfs import FaultyFileSystem, SimulatedCrash
+from sepp.storage.faultfs import MUTATING_OPS, Crasher, FaultyFileSystem, SimulatedCrash
 from tests.storage.helpers import (
     CONFIG,
     DATA_DIR,
@@ -69,9 +69,6 @@ HOOK_POINTS = (
     "retention.before_delete",
     "retention.after_delete",
 )
-MUTATING_OPS = frozenset(
-    ("create", "write", "fsync", "fdatasync", "truncate", "rename", "remove", "fsync_dir")
-)
 DISK_OPS = MUTATING_OPS - {"truncate"}
 
 
@@ -87,50 +84,6 @@ def _dead_threads_die_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
         previous(args)
 
     monkeypatch.setattr(threading, "excepthook", hook)
-
-
-class Crasher:
-    """When the simulated process dies: before the n-th mutating file operation,
-    or at the n-th hit of a named hook point. Once dead, every file operation
-    raises too, so no thread of the dead process touches the disk again."""
-
-    def __init__(self) -> None:
-        self.dead = False
-        self.killed_at: str | None = None
-        self.ops_left: int | None = None
-        self.point: str | None = None
-        self.point_hits_left = 0
-        self.hits: Counter[str] = Counter()
-
-    def arm_ops(self, n: int) -> None:
-        self.ops_left = n
-
-    def arm_point(self, point: str, n: int) -> None:
-        self.point, self.point_hits_left = point, n
-
-    def reset(self) -> None:
-        self.dead, self.killed_at, self.ops_left, self.point = False, None, None, None
-
-    def _die(self, where: str) -> None:
-        self.dead, self.killed_at = True, where
-        raise SimulatedCrash(where)
-
-    def fs_hook(self, op: str, path: str) -> None:
-        if self.dead:
-            raise SimulatedCrash("the process is dead")
-        if self.ops_left is not None and op in MUTATING_OPS:
-            self.ops_left -= 1
-            if self.ops_left <= 0:
-                self._die(f"before {op} {path}")
-
-    def engine_hook(self, point: str) -> None:
-        self.hits[point] += 1
-        if self.dead:
-            raise SimulatedCrash("the process is dead")
-        if point == self.point:
-            self.point_hits_left -= 1
-            if self.point_hits_left <= 0:
-                self._die(point)
 
 
 def kill(engine: Engine) -> None:

@@ -264,6 +264,8 @@ TORN_HEADERS = {
     "header_prefix": encode_segment_header(26)[:20],
     "zero_filled_header": bytes(FILE_HEADER_BYTES),
     "zero_filled_short": bytes(11),
+    # Blocks allocated but never written (FORMAT.md 5.3: `zero-filled file`).
+    "zero_filled_blocks": bytes(4096),
 }
 
 

@@ -1,10 +1,12 @@
-"""A small, obviously-correct reference model of sepp's job semantics.
+"""A small, obviously-correct reference model of sepp's job semantics, and how
+to compare the real core with it.
 
 Written from sepp-semantics.md (§4-§15) and the project decisions listed in the
 test brief, not from the core: plain dicts and lists, linear scans, sorting on
-every reserve, no heaps and no lazy deletion. `test_stateful.py` drives it and the
-real core with the same commands and compares every answer and the observable
-state after every step.
+every reserve, no heaps and no lazy deletion. Two users drive it and the real core
+with the same commands and compare every answer and the observable state:
+`tests/core/test_stateful.py` (hypothesis, in memory) and `tools/sim.py` (the
+seeded crash/restart simulation over the fault-injecting file system).
 
 Where the documentation leaves the order of checks open (a job that breaks two
 limits at once), the model answers with the *set* of acceptable rejections or
@@ -19,17 +21,41 @@ Replies are plain tuples:
     ("drain", [(job_id, queue, cause, failed_at, final_attempt, reason, attempt)])
     ("sweep", (promoted, redelivered, dead_lettered, dedup_expired, dead_expired))
     ("admin", affected ids, refused ids)
+
+`normalise` turns the core's answer into that vocabulary, `same_answer` compares
+one with the model's, `observe_core` is the core-side twin of `Model.observe`.
+
+Moved here from tests/core/model.py so that `tools/sim.py` can use it; it is
+importable by tools and tests alike. Must not import: sepp.storage, sepp.server,
+sepp.client (the model is pure: no I/O, no clock, no randomness).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import unicodedata
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from sepp.core import CoreConfig, NewJob, QueuePolicy
+from sepp.core import CoreConfig, Decision, NewJob, QueuePolicy
+from sepp.core.events import CAUSE_NAMES
+from sepp.core.results import (
+    Accepted,
+    AckResult,
+    AdminResult,
+    AtomicRejected,
+    CommandError,
+    DrainResult,
+    EnqueueResult,
+    ExtendResult,
+    InvalidRequest,
+    NackResult,
+    ReserveResult,
+    SweepResult,
+)
+from sepp.core.state import STATUS_NAMES, State
 
 READY = "ready"
 SCHEDULED = "scheduled"
@@ -76,11 +102,8 @@ def policy_delay(policy: QueuePolicy, job_id: str, attempt: int) -> int:
     base = policy.retry_delay_ms
     if base == 0:
         return 0
-    if policy.retry_backoff == "exponential":
-        growth = base * 2 ** (attempt - 1)
-    else:
-        growth = base
-    d = min(growth, policy.retry_delay_max_ms, policy.max_schedule_horizon_ms)
+    growth: int = base * 2 ** (attempt - 1) if policy.retry_backoff == "exponential" else base
+    d: int = min(growth, policy.retry_delay_max_ms, policy.max_schedule_horizon_ms)
     return d - zlib.crc32(f"{job_id}:{attempt}".encode()) % (d // 4 + 1)
 
 
@@ -602,3 +625,134 @@ class Model:
             "dedup": dict(self.dedup),
             "next_deadline": self.next_deadline(),
         }
+
+
+# ---------------------------------------------------------------------------
+# Comparing the core with the model.
+
+
+def values(obj: Any) -> tuple[Any, ...]:
+    """The field values of a reply object (a dataclass or a NamedTuple), shallow."""
+    if dataclasses.is_dataclass(obj):
+        return tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+    if not isinstance(obj, tuple):
+        raise TypeError(f"not a reply value: {obj!r}")
+    return tuple(obj)
+
+
+def rejection_key(rejection: Any) -> tuple[str, tuple[Any, ...]]:
+    if isinstance(rejection, InvalidRequest):
+        return (rejection.reason, ())
+    return (rejection.reason, values(rejection))
+
+
+def normalise(result: Decision | CommandError) -> tuple[Any, ...]:
+    """The core's answer in the model's vocabulary (see the module docstring)."""
+    if isinstance(result, CommandError):
+        return ("error", type(result).__name__)
+    reply = result.reply
+    if isinstance(reply, EnqueueResult):
+        return (
+            "enqueue",
+            [
+                ("ok", r.job_id, r.deduplicated)
+                if isinstance(r, Accepted)
+                else ("rej", rejection_key(r))
+                for r in reply.results
+            ],
+        )
+    if isinstance(reply, AtomicRejected):
+        return ("atomic_rejected", [(i, rejection_key(r)) for i, r in reply.failures])
+    if isinstance(reply, ReserveResult):
+        return ("reserve", [values(view) for view in reply.jobs])
+    if isinstance(reply, AckResult):
+        return ("ack", reply.job_id)
+    if isinstance(reply, NackResult):
+        return ("nack", reply.job_id, reply.dead_lettered)
+    if isinstance(reply, ExtendResult):
+        return ("extend", reply.job_id, reply.lease_expires_at)
+    if isinstance(reply, DrainResult):
+        return (
+            "drain",
+            [
+                (
+                    r.job.job_id,
+                    r.job.queue,
+                    CAUSE_NAMES[r.cause],
+                    r.failed_at,
+                    r.final_attempt,
+                    r.last_reason,
+                    r.job.attempt,
+                )
+                for r in reply.records
+            ],
+        )
+    if isinstance(reply, SweepResult):
+        return ("sweep", values(reply))
+    if isinstance(reply, AdminResult):
+        return ("admin", reply.affected, tuple(raw.lower() for raw, _ in reply.refused))
+    raise TypeError(f"unexpected reply {reply!r}")
+
+
+def answer_difference(core: tuple[Any, ...], model: tuple[Any, ...]) -> str | None:
+    """None if the core's (normalised) answer is one the model allows, else why not."""
+    kind = model[0]
+    if core[0] != kind:
+        return f"core answered {core!r}, model {model!r}"
+    if kind == "error":
+        return None if core[1] in model[1] else f"core error {core[1]}, model allows {model[1]}"
+    if kind == "enqueue":
+        if len(core[1]) != len(model[1]):
+            return f"core answered {core!r}, model {model!r}"
+        for c, m in zip(core[1], model[1]):
+            if (m[0] == "ok" and c != m) or (m[0] != "ok" and (c[0] != "rej" or c[1] not in m[1])):
+                return f"enqueue result {c!r}, model {m!r}"
+        return None
+    if kind == "atomic_rejected":
+        if [i for i, _ in core[1]] != [i for i, _ in model[1]]:
+            return f"core answered {core!r}, model {model!r}"
+        for (_, c), (_, m) in zip(core[1], model[1]):
+            if c not in m:
+                return f"atomic failure {c!r}, model allows {m!r}"
+        return None
+    return None if core == model else f"core answered {core!r}, model {model!r}"
+
+
+def assert_same_answer(core: tuple[Any, ...], model: tuple[Any, ...]) -> None:
+    difference = answer_difference(core, model)
+    if difference is not None:
+        raise AssertionError(difference)
+
+
+def observe_core(state: State) -> dict[str, Any]:
+    """The core state in the shape of `Model.observe()`."""
+    queues = {}
+    oldest_ready = {}
+    for name, q in state.queues.items():
+        queues[name] = (q.ready_count, q.scheduled_count, q.in_flight_count, len(q.dead))
+        oldest_ready[name] = state.oldest_ready_enqueued_at(name)
+    return {
+        "clock": state.clock_ms,
+        "jobs": {
+            j.job_id: (
+                j.queue,
+                STATUS_NAMES[j.status],
+                j.attempt,
+                j.max_attempts,
+                j.priority,
+                j.enqueued_at,
+                j.scheduled_at,
+                j.due_ms,
+                j.last_reason,
+            )
+            for j in state.jobs.values()
+        },
+        "queues": queues,
+        "oldest_ready": oldest_ready,
+        "dead": [
+            (jid, d.job.queue, CAUSE_NAMES[d.cause], d.failed_at, d.final_attempt, d.last_reason)
+            for jid, d in state.dead.items()
+        ],
+        "dedup": dict(state.dedup),
+        "next_deadline": state.next_deadline(),
+    }

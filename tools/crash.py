@@ -1,0 +1,1392 @@
+"""The crash harness: kills a real `sepp serve` process with SIGKILL over and over
+and checks, after every restart, that it kept its promises.
+
+    python -m tools.crash --crashes N [--seed S] [--fast] [--no-points]
+                          [--no-fuzz] [--no-disk-faults] [--workdir DIR] [--verbose]
+
+Prints crashes survived, operations checked, violations and the seed; exits 1 on
+any violation (data and server log kept for the post-mortem).
+
+Owns: the harness (`run_harness`, `HarnessOptions`, `Report`), its client-side
+ledger (`Ledger`) and its checks. What it does, per cycle:
+
+1. start `python -m sepp.server.cli serve --listen 127.0.0.1:0 --data-dir DIR`
+   with seeded storage settings (persist mode, tiny segments, frequent snapshots,
+   one or two snapshots kept, a short retry delay, dead letters kept a day);
+2. after a restart, probe it: per-queue totals (`queue_stats`) and every
+   idempotency key known to be durable (re-enqueued: must deduplicate to the same
+   job id);
+3. drive a seeded mixed workload from several client connections (`SeppClient`):
+   single, batch and atomic enqueues, with and without idempotency keys and
+   schedules; reserves; acks; nacks of every kind; extends; leases left to
+   expire; stale acks (fencing); and (unless `--no-fuzz`) a hostile connection
+   sending junk frames, huge lengths, wrong types and half-closes alongside;
+4. end the cycle with SIGKILL at a random moment — or (unless `--no-points`) let
+   the server kill itself at a storage hook point (`SEPP_FAULT_CRASH_AT`, see
+   `sepp/server/faults.py`): between write and sync, mid-rotation, mid-snapshot
+   publication, mid-retention — or, now and then, with a graceful SIGTERM;
+5. sometimes damage the stopped directory the way a crash can: a torn last write
+   (a partial record or zeros appended to the last segment: recovery must cut it),
+   or a flipped bit in a sealed segment (the server must refuse to start, naming
+   the file and offset `sepp-log verify` names; repaired, it must start);
+6. check the stopped directory offline: `tools.verify.verify` must find no error
+   (so every snapshot, an image of the live state, equals the replay of the log
+   at its seq), and `tools.replay.replay_to` gives S, the state recovery will
+   rebuild. The ledger is checked against S (below) and then re-based on it.
+
+The ledger records every request and its outcome: *acknowledged* (an answer
+came), *refused* (an error answer: rejections never touch state) or *in doubt*
+(no answer: the process died, or `internal`). In-doubt operations may or may not
+have happened; S decides, and the ledger adopts what S says. Checks, each exact
+unless said otherwise (`S` = the recovered state, `t` = the server's decision time
+of a delivery, read exactly from its lease: lease_expires_at - lease_ms):
+
+1. no acknowledged job is lost: every acknowledged enqueue is in S (ready,
+   scheduled, in flight or dead-lettered) unless the ledger shows it acked (an
+   in-doubt ack allows either); per-queue totals after the restart equal S's;
+2. no acknowledged ack is undone: an acked job is never in S and never delivered
+   again, and a second ack of it never succeeds;
+3. attempts never go backwards and never exceed max_attempts: each delivery's
+   attempt is exactly the one the ledger (or S) predicts, above every attempt
+   seen before; S's attempt is at least the last one delivered (one more if the
+   job was nacked back);
+4. an acknowledged idempotency key is in S with the same job id, and after the
+   restart re-enqueueing it deduplicates to that id;
+5. leases are honoured: a job in flight in S under an acknowledged lease has
+   exactly that deadline (or that of an in-doubt extend, within its send/loss
+   window); a lease that ended before the crash had a deadline no later than the
+   kill; no delivery comes before the deadline, schedule or retry delay that
+   holds the job back (a lower bound from the client's wall clock taken before
+   sending: the server's clock is the same clock and never runs behind it); the
+   next delivery after a lapsed lease carries the attempt raised by one; an ack
+   or extend refused (fenced) although its answer came before the lease's
+   deadline is a violation; a nack's dead_lettered flag is exactly what the
+   directive and max_attempts imply;
+6. atomic batches are all-or-nothing across the crash: of an in-doubt atomic
+   batch either every job shows up (in S or delivered) or none;
+7. `sepp-log verify` passes on every crashed directory and the restarted server
+   starts; after a graceful stop its final snapshot equals the replay of its log.
+
+At the end every job the ledger holds must be delivered and acked (or drained as
+a dead letter) by a final worker: liveness after leases lapse, with the exact
+attempt. One-sided by nature: in-doubt operations (resolved by S, never guessed),
+the window of an in-doubt extend, and the liveness deadline of the final drain.
+
+The seed fixes every choice the harness makes (workload, timings asked for, kill
+moments, faults); the server's own thread and network timing is not seeded, so a
+rerun with the same seed replays the same plan but not necessarily the same
+interleaving (that is what `tools.sim`, fully deterministic, is for). Every
+report prints `SEPP_SEED=<seed> python -m tools.crash ...` to rerun it.
+
+Layering: `tools/` normally imports only log_format, sepp.core and sepp.storage.
+This module (and only `tools/crash*`) may also import `sepp.client` and
+`sepp.protocol`: the harness is a client. It never imports `sepp.server` (the
+server runs as a separate process). tests/test_layering.py holds the exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from log_format import (
+    FILE_HEADER_BYTES,
+    RECORD_KIND_COMMAND,
+    FormatError,
+    decode_segment_header,
+    encode_record,
+    parse_segment_file_name,
+)
+from sepp.client import (
+    AttemptMismatchError,
+    BatchValidationError,
+    ConnectError,
+    EnqueueAck,
+    EnqueueRequest,
+    InvalidRequestError,
+    Job,
+    JobCtx,
+    JobNotFoundError,
+    JobRejectedError,
+    OverloadedError,
+    Payload,
+    ReserveOptions,
+    RetryDirective,
+    SeppClient,
+    SeppError,
+    TransportError,
+    UnauthenticatedError,
+)
+from sepp.core import QueuePolicy
+from sepp.core.state import IN_FLIGHT, SCHEDULED, State
+from sepp.protocol import messages as pm
+from sepp.protocol.framing import encode_frame
+from sepp.storage import HOOK_POINTS
+from tools.datadir import ERROR, open_data_dir
+from tools.refmodel import policy_delay
+from tools.replay import replay_to
+from tools.verify import verify
+
+__all__ = ["HarnessOptions", "Ledger", "Report", "main", "run_harness"]
+
+QUEUES = ("cq0", "cq1", "cq2")
+DEFAULT_MAX_ATTEMPTS = 3
+# The retry policy the server is configured with (env below): the harness
+# predicts every default nack's delay exactly with the reference model's formula.
+RETRY_POLICY = QueuePolicy(retry_delay_ms=40, retry_backoff="exponential", retry_delay_max_ms=400)
+BASE_ENV = {
+    "SEPP_LIMITS__RETRY_DELAY_MS": str(RETRY_POLICY.retry_delay_ms),
+    "SEPP_LIMITS__RETRY_BACKOFF": RETRY_POLICY.retry_backoff,
+    "SEPP_LIMITS__RETRY_DELAY_MAX_MS": str(RETRY_POLICY.retry_delay_max_ms),
+    "SEPP_LIMITS__DEFAULT_MAX_ATTEMPTS": str(DEFAULT_MAX_ATTEMPTS),
+    # Dead letters are kept (a day) so that every job stays accounted for.
+    "SEPP_STORAGE__DEAD_LETTER_RETENTION_MS": "86400000",
+    "SEPP_LOGGING__LEVEL": "info",
+}
+START_TIMEOUT_S = 30.0
+# Producers pause while the ledger holds more unfinished jobs than this.
+BACKLOG_MAX = 600
+RPC_TIMEOUT = timedelta(seconds=15)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def to_ms(moment: datetime) -> int:
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+# ---------------------------------------------------------------- options and report
+
+
+@dataclass
+class HarnessOptions:
+    crashes: int = 20
+    seed: int = 0
+    fast: bool = False
+    points: bool = True  # mix in self-inflicted crashes at storage hook points
+    fuzz: bool = True  # a hostile connection alongside the workload
+    disk_faults: bool = True  # torn tails and flipped bits between cycles
+    final: bool = True  # end with the drain-everything phase and a graceful stop
+    # Every cycle a crash at these hook points, in turn (tests of each point).
+    only_points: tuple[str, ...] = ()
+    workdir: str | None = None
+    keep: bool = False
+    verbose: bool = False
+    python: str = sys.executable
+
+
+@dataclass
+class Report:
+    seed: int
+    crashes: int = 0
+    restarts: int = 0
+    operations: int = 0
+    checks: int = 0
+    violations: list[str] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+    elapsed_s: float = 0.0
+    workdir: str = ""
+
+    def summary(self, command: str) -> str:
+        lines = [
+            f"sepp crash: {self.crashes} crashes survived, {self.restarts} restarts, "
+            f"{self.operations} operations checked ({self.checks} checks), "
+            f"{len(self.violations)} violations in {self.elapsed_s:.1f}s",
+            f"  seed: SEPP_SEED={self.seed} (rerun: SEPP_SEED={self.seed} {command})",
+            "  coverage: " + ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())),
+        ]
+        lines.extend(f"VIOLATION: {v}" for v in self.violations[:30])
+        if self.violations:
+            lines.append(f"  data and server logs kept in {self.workdir}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the ledger
+
+
+@dataclass
+class JobRec:
+    """What the client side knows of one job it asked to enqueue."""
+
+    tag: str
+    queue: str
+    op: int
+    atomic: bool
+    key: str | None
+    max_attempts: int
+    scheduled_at: int | None
+    job_id: str | None = None
+    enq: str = "doubt"  # "ok" acknowledged / "doubt" / "no" (never happened)
+    acked: str = "no"  # "no" / "ok" / "doubt"
+    dead: str = "no"  # "no" / "ok" / "maybe"
+    seen: bool = False  # evidence that it exists or existed
+    last_attempt: int = 0  # the highest attempt known delivered
+    next_attempt: int | None = 1  # exactly what the next delivery must carry
+    next_min_t: int = 0  # no delivery before this server time
+    returned: bool = False  # an acknowledged nack took last_attempt back
+    lease_attempt: int = 0
+    lease_deadline: int = 0  # the acknowledged deadline of that lease
+    lease_until: int = 0  # in flight at lease_attempt until then, for sure (0: no)
+    extend_doubt: list[tuple[int, int]] = field(default_factory=list)  # (lo, hi) deadlines
+
+
+class Ledger:
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.jobs: dict[str, JobRec] = {}
+        self.by_id: dict[str, JobRec] = {}
+        # Tags of jobs not finished for sure (finished: an ack the recovered state
+        # confirmed, or an enqueue that never happened): what a crash re-checks.
+        self.active: set[str] = set()
+        # Atomic batches since the last crash check.
+        self.atomic_ops: dict[int, list[JobRec]] = {}
+        # Jobs whose idempotency key is durable, and those acknowledged since the
+        # last crash check (all of which that check covers; older ones by sample).
+        self.durable_keys: list[JobRec] = []
+        self.fresh_keys: list[JobRec] = []
+        self._backlog = 0
+        self._backlog_at = 0.0
+        self.next_op = 0
+
+    def violation(self, text: str) -> None:
+        self.report.violations.append(text)
+
+    def check(self, ok: bool, text: str) -> None:
+        self.report.checks += 1
+        if not ok:
+            self.violation(text)
+
+    def op_id(self) -> int:
+        self.next_op += 1
+        return self.next_op
+
+    def outcome(self) -> None:
+        """One operation whose outcome (answered, or in doubt) the ledger checks."""
+        self.report.operations += 1
+
+    def add(self, rec: JobRec) -> None:
+        self.jobs[rec.tag] = rec
+        if rec.enq != "no":
+            self.active.add(rec.tag)
+
+    def backlog(self) -> int:
+        """Jobs still to be worked (not acked, not dead), recounted every 50 ms."""
+        now = time.monotonic()
+        if now - self._backlog_at > 0.05:
+            jobs = self.jobs
+            self._backlog = sum(
+                1 for tag in self.active if jobs[tag].acked != "ok" and jobs[tag].dead != "ok"
+            )
+            self._backlog_at = now
+        return self._backlog
+
+    def key_durable(self, rec: JobRec) -> None:
+        if rec.key is not None:
+            self.durable_keys.append(rec)
+            self.fresh_keys.append(rec)
+
+    def learn_id(self, rec: JobRec, job_id: str) -> None:
+        if rec.job_id is not None and rec.job_id != job_id:
+            self.violation(f"{rec.tag}: job id changed from {rec.job_id} to {job_id}")
+        rec.job_id = job_id
+        other = self.by_id.get(job_id)
+        if other is not None and other is not rec:
+            self.violation(f"job id {job_id} given to both {other.tag} and {rec.tag}")
+        self.by_id[job_id] = rec
+
+    # -- deliveries ------------------------------------------------------------
+
+    def delivered(self, job: Job, lease_ms: int) -> JobRec | None:
+        ctx = job.ctx
+        tag = job.payload.data.decode() if job.payload is not None else "?"
+        rec = self.jobs.get(tag)
+        if rec is None:
+            self.violation(f"delivered a job nobody enqueued: {ctx.id} payload {tag!r}")
+            return None
+        deadline = to_ms(ctx.lease_expires_at)
+        t = deadline - lease_ms
+        a = ctx.attempt
+        where = f"{tag} ({ctx.id}) attempt {a} at {t}"
+        self.check(rec.enq != "no", f"{where}: delivered, but its enqueue never happened")
+        self.check(rec.acked != "ok", f"{where}: delivered again after an acknowledged ack")
+        self.check(rec.dead != "ok", f"{where}: delivered after it was dead-lettered")
+        self.check(
+            ctx.max_attempts == rec.max_attempts,
+            f"{where}: max_attempts {ctx.max_attempts}, enqueued with {rec.max_attempts}",
+        )
+        self.check(1 <= a <= rec.max_attempts, f"{where}: attempt above max_attempts")
+        self.check(a > rec.last_attempt, f"{where}: attempt not above {rec.last_attempt}")
+        if rec.next_attempt is not None:
+            self.check(a == rec.next_attempt, f"{where}: expected attempt {rec.next_attempt}")
+        self.check(
+            t >= rec.next_min_t,
+            f"{where}: delivered {rec.next_min_t - t} ms before its lease, schedule or "
+            f"retry delay allowed ({rec.next_min_t})",
+        )
+        self.learn_id(rec, ctx.id)
+        rec.seen = True
+        if rec.acked == "doubt":
+            rec.acked = "no"  # that ack did not happen
+        rec.dead = "no" if rec.dead == "maybe" else rec.dead
+        rec.last_attempt = a
+        rec.next_attempt = a + 1
+        rec.next_min_t = deadline
+        rec.returned = False
+        rec.lease_attempt = a
+        rec.lease_until = rec.lease_deadline = deadline
+        rec.extend_doubt = []
+        return rec
+
+    def fenced(self, rec: JobRec, attempt: int, received: int, what: str) -> None:
+        """An ack/nack/extend of `attempt` was refused (not_found / mismatch)."""
+        self.check(
+            not (rec.lease_attempt == attempt and received < rec.lease_until),
+            f"{rec.tag}: {what} of attempt {attempt} fenced off at {received}, before its "
+            f"lease deadline {rec.lease_until}",
+        )
+        if rec.lease_attempt == attempt:
+            rec.lease_until = 0
+
+    # -- the crash: check against S, then adopt S ------------------------------------
+
+    def check_recovered(self, state: State, kill_ms: int) -> None:
+        by_tag: dict[str, tuple[str, Any]] = {}
+        for job in state.jobs.values():
+            by_tag[_tag_of(job.payload_data)] = ("job", job)
+        for job_id, dead in state.dead.items():
+            by_tag[_tag_of(dead.job.payload_data)] = ("dead", dead)
+            if dead.job.job_id != job_id:  # pragma: no cover - state invariant
+                self.violation(f"dead letter {job_id} holds job {dead.job.job_id}")
+        for tag in by_tag:
+            rec = self.jobs.get(tag)
+            self.check(rec is not None, f"recovered state holds a job nobody enqueued: {tag!r}")
+            if rec is not None and tag not in self.active:
+                # Finished for sure: acked (and confirmed gone) or never enqueued.
+                self.violation(f"{tag}: back in the recovered state after it was finished")
+        finished = []
+        for tag in self.active:
+            rec = self.jobs[tag]
+            found = by_tag.get(tag)
+            if found is None:
+                self._missing(rec)
+                if rec.acked == "ok" or rec.enq == "no":
+                    finished.append(tag)
+            elif found[0] == "job":
+                self._present(rec, found[1], state, kill_ms)
+            else:
+                self._dead(rec, found[1])
+        self.active.difference_update(finished)
+        for op, members in self.atomic_ops.items():
+            existed = [m.seen for m in members]
+            self.check(
+                all(existed) or not any(existed),
+                f"atomic batch {op}: only {sum(existed)} of {len(members)} jobs exist",
+            )
+        self.atomic_ops.clear()
+        sample = random.Random(kill_ms).sample(self.durable_keys, min(len(self.durable_keys), 200))
+        for rec in [*self.fresh_keys, *sample]:
+            if rec.job_id is not None:
+                entry = state.dedup.get((rec.queue, rec.key or ""))
+                self.check(
+                    entry is not None and entry[0] == rec.job_id,
+                    f"{rec.tag}: idempotency key {rec.key} maps to {entry}, not {rec.job_id}",
+                )
+        self.fresh_keys.clear()
+
+    def _missing(self, rec: JobRec) -> None:
+        where = f"{rec.tag} ({rec.job_id})"
+        if rec.enq == "ok" or rec.seen:
+            self.check(
+                rec.acked in ("ok", "doubt"),
+                f"{where}: acknowledged job lost (not in the recovered state, never acked)",
+            )
+            self.check(rec.dead != "ok", f"{where}: dead letter lost")
+            rec.acked = "ok"
+        elif rec.enq == "doubt":
+            rec.enq = "no"  # the enqueue never happened: it must never show up
+
+    def _present(self, rec: JobRec, job: Any, state: State, kill_ms: int) -> None:
+        status, attempt, due = job.status, job.attempt, job.due_ms
+        where = f"{rec.tag} ({job.job_id}) recovered with attempt {attempt}, status {status}"
+        self.check(rec.enq != "no", f"{where}: its enqueue never happened")
+        self.check(rec.acked != "ok", f"{where}: an acknowledged ack was undone")
+        self.check(rec.dead != "ok", f"{where}: a dead letter came back")
+        self.check(job.max_attempts == rec.max_attempts, f"{where}: max_attempts changed")
+        self.check(attempt <= job.max_attempts, f"{where}: attempt above max_attempts")
+        floor = rec.last_attempt + (1 if rec.returned or status != IN_FLIGHT else 0)
+        self.check(attempt >= floor, f"{where}: attempt went back below {floor}")
+        if rec.lease_until and rec.lease_attempt == attempt and status == IN_FLIGHT:
+            allowed = [(rec.lease_deadline, rec.lease_deadline), *rec.extend_doubt]
+            self.check(
+                any(lo <= due <= hi for lo, hi in allowed),
+                f"{where}: lease deadline {due}, acknowledged {rec.lease_deadline}"
+                f" (in-doubt extends {rec.extend_doubt})",
+            )
+        elif rec.lease_until:
+            # A lease held for sure until lease_until ended before the crash: only
+            # its expiry can end it (a sweep at or after the deadline, so the
+            # deadline was no later than the kill).
+            self.check(
+                rec.lease_until <= kill_ms,
+                f"{where}: lease held until {rec.lease_until} ended before the kill at {kill_ms}",
+            )
+        self.learn_id(rec, job.job_id)
+        if rec.enq == "doubt":
+            self.key_durable(rec)
+        rec.seen = True
+        rec.enq = "ok"
+        rec.acked = "no"
+        rec.dead = "no"
+        rec.returned = False
+        rec.extend_doubt = []
+        if status == IN_FLIGHT:
+            rec.last_attempt = max(rec.last_attempt, attempt)
+            rec.next_attempt, rec.next_min_t = attempt + 1, due
+            rec.lease_attempt, rec.lease_until, rec.lease_deadline = attempt, due, due
+        else:
+            rec.last_attempt = max(rec.last_attempt, attempt - 1)
+            rec.next_attempt = attempt
+            rec.next_min_t = due if status == SCHEDULED else 0
+            rec.lease_attempt, rec.lease_until = 0, 0
+
+    def _dead(self, rec: JobRec, dead: Any) -> None:
+        where = f"{rec.tag} ({dead.job.job_id}) dead-lettered at attempt {dead.final_attempt}"
+        self.check(rec.enq != "no", f"{where}: its enqueue never happened")
+        self.check(rec.acked != "ok", f"{where}: an acknowledged ack was undone")
+        floor = rec.last_attempt + (1 if rec.returned else 0)
+        self.check(dead.final_attempt >= floor, f"{where}: attempt went back below {floor}")
+        self.learn_id(rec, dead.job.job_id)
+        if rec.enq == "doubt":
+            self.key_durable(rec)
+        rec.seen = True
+        rec.enq = "ok"
+        rec.acked = "no"
+        rec.dead = "ok"
+        rec.lease_until = 0
+
+    def expected_totals(self, state: State) -> dict[str, int]:
+        totals: Counter[str] = Counter()
+        for job in state.jobs.values():
+            totals[job.queue] += 1
+        for dead in state.dead.values():
+            totals[dead.job.queue] += 1
+        return dict(totals)
+
+
+def _tag_of(data: bytes | None) -> str:
+    return data.decode(errors="replace") if data else "?"
+
+
+# ---------------------------------------------------------------- the server process
+
+
+class ServerProcess:
+    """One `sepp serve` child on 127.0.0.1:0, started and stopped by PID."""
+
+    def __init__(self, python: str, data_dir: str, log_path: str, env: dict[str, str]) -> None:
+        self.python = python
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.address = ""
+        self.exit_code: int | None = None
+        self.killed_by_us = False
+        self.kill_ms = 0
+
+    async def start(self) -> bool:
+        """True once it listens; False if it exited first (see `exit_code`)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SEPP_")}
+        env.update(self.env)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== start {datetime.now(UTC).isoformat()} env {self.env}\n".encode())
+            log.flush()
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python,
+                "-m",
+                "sepp.server.cli",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                self.data_dir,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                env=env,
+            )
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT_S)
+        except TimeoutError:
+            self.proc.kill()
+            line = b""
+        text = line.decode(errors="replace").strip()
+        if not text.startswith("sepp listening on "):
+            self.exit_code = await self.proc.wait()
+            return False
+        self.address = text.removeprefix("sepp listening on ")
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    def kill(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.killed_by_us = True
+            self.kill_ms = wall_ms()
+            self.proc.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.killed_by_us = True
+            self.kill_ms = wall_ms()
+            self.proc.send_signal(signal.SIGTERM)
+
+    async def wait(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            code = await self.proc.wait()
+        if not self.kill_ms:
+            self.kill_ms = wall_ms()
+        self.exit_code = code
+        return code
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------- one cycle's workload
+
+
+def _in_doubt(exc: BaseException) -> bool:
+    """Whether a failed call may still have been applied."""
+    if isinstance(exc, JobNotFoundError | AttemptMismatchError | InvalidRequestError):
+        return False
+    if isinstance(exc, OverloadedError | UnauthenticatedError | ConnectError):
+        return False  # refused, or never sent
+    return not (isinstance(exc, TransportError) and exc.code == "unavailable")
+
+
+@dataclass
+class Held:
+    job: Job
+    rec: JobRec
+    lease_ms: int
+
+
+class Workload:
+    """The clients of one server lifetime. Stops when the server dies."""
+
+    def __init__(
+        self, harness: Harness, server: ServerProcess, rng: random.Random, duration_s: float
+    ) -> None:
+        self.h = harness
+        self.ledger = harness.ledger
+        self.server = server
+        self.rng = rng
+        self.duration_s = duration_s
+        self.stopping = False
+        self.clients: list[SeppClient] = []
+
+    async def client(self) -> SeppClient:
+        client = SeppClient(self.server.address, rpc_timeout=RPC_TIMEOUT)
+        self.clients.append(client)
+        return client
+
+    async def close(self) -> None:
+        for client in self.clients:
+            with contextlib.suppress(SeppError, OSError):
+                await client.close()
+
+    # -- producers ---------------------------------------------------------------
+
+    def _request(self, op: int, i: int, atomic: bool, keyed: bool) -> tuple[EnqueueRequest, JobRec]:
+        rng = self.rng
+        tag = f"{self.h.run_tag}-e{op}-{i}"
+        queue = rng.choice(QUEUES)
+        key = f"k-{tag}" if keyed else None
+        max_attempts = rng.choice((None, 1, 2, 3, 5))
+        scheduled = None
+        if rng.random() < 0.15:
+            scheduled = wall_ms() + rng.randrange(50, 1_500)
+        request = EnqueueRequest(
+            queue=queue,
+            job_type="crash-test",
+            payload=Payload(tag.encode(), "text/plain"),
+            idempotency_key=key,
+            priority=rng.choice((None, 0, 5, 9)),
+            max_attempts=max_attempts,
+            scheduled_at=None
+            if scheduled is None
+            else datetime.fromtimestamp(scheduled / 1000, tz=UTC),
+        )
+        rec = JobRec(
+            tag=tag,
+            queue=queue,
+            op=op,
+            atomic=atomic,
+            key=key,
+            max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
+            scheduled_at=scheduled,
+            next_min_t=scheduled or 0,
+        )
+        self.ledger.add(rec)
+        return request, rec
+
+    async def producer(self, client: SeppClient) -> None:
+        rng, ledger = self.rng, self.ledger
+        while not self.stopping and self.server.alive:
+            if ledger.backlog() > BACKLOG_MAX:
+                # Keep the backlog (and so each crash check) bounded on long runs.
+                await asyncio.sleep(0.01)
+                continue
+            op = ledger.op_id()
+            kind = rng.choices(("single", "batch", "atomic", "dedup"), (35, 30, 25, 10))[0]
+            if kind == "dedup" and await self.dedup_one(client, op):
+                continue
+            size = 1 if kind in ("single", "dedup") else rng.randrange(2, 6)
+            atomic = kind == "atomic"
+            pairs = [self._request(op, i, atomic, rng.random() < 0.3) for i in range(size)]
+            if atomic:
+                ledger.atomic_ops[op] = [rec for _, rec in pairs]
+            requests = [req for req, _ in pairs]
+            try:
+                if atomic:
+                    results: list[Any] = await client.enqueue_atomic(requests)
+                elif size == 1:
+                    results = [await client.enqueue(requests[0])]
+                else:
+                    results = await client.enqueue_batch(requests)
+            except (JobRejectedError, BatchValidationError) as exc:
+                ledger.violation(f"enqueue op {op}: valid jobs rejected: {exc}")
+                for _, rec in pairs:
+                    rec.enq = "no"
+                continue
+            except SeppError as exc:
+                if not _in_doubt(exc):
+                    for _, rec in pairs:
+                        rec.enq = "no"
+                    self.refused(exc)
+                    continue
+                self.h.report.stats["in_doubt_enqueue"] += 1
+                ledger.outcome()
+                continue
+            ledger.outcome()
+            for (_, rec), result in zip(pairs, results, strict=True):
+                if not isinstance(result, EnqueueAck):
+                    ledger.violation(f"{rec.tag}: rejected: {result}")
+                    rec.enq = "no"
+                    continue
+                ledger.check(not result.deduplicated, f"{rec.tag}: fresh key deduplicated")
+                rec.enq = "ok"
+                rec.seen = True
+                ledger.learn_id(rec, result.job_id)
+                ledger.key_durable(rec)
+
+    async def dedup_one(self, client: SeppClient, op: int) -> bool:
+        """Re-enqueue a known durable key: must answer the original id, deduplicated."""
+        keyed = self.ledger.durable_keys
+        if not keyed:
+            return False
+        rec = self.rng.choice(keyed)
+        probe = f"{self.h.run_tag}-d{op}"
+        self.ledger.add(JobRec(probe, rec.queue, op, False, None, 1, None, enq="no"))
+        request = EnqueueRequest(
+            queue=rec.queue,
+            job_type="crash-test",
+            payload=Payload(probe.encode(), "text/plain"),
+            idempotency_key=rec.key,
+        )
+        try:
+            ack = await client.enqueue(request)
+        except SeppError as exc:
+            self.refused(exc)
+            return True  # a dedup hit stores nothing: in doubt or not, nothing to learn
+        self.ledger.outcome()
+        self.ledger.check(
+            ack.deduplicated and ack.job_id == rec.job_id,
+            f"{rec.tag}: key {rec.key} answered {ack}, expected {rec.job_id} deduplicated",
+        )
+        return True
+
+    # -- workers ---------------------------------------------------------------------
+
+    async def worker(self, client: SeppClient, name: str, held: list[Held]) -> None:
+        rng = self.rng
+        while not self.stopping and self.server.alive:
+            if held and rng.random() < 0.6:
+                item = held.pop(rng.randrange(len(held)))
+                await self.act(client, item, held)
+                continue
+            lease_ms = rng.randrange(300, 2_500)
+            queues = rng.sample(QUEUES, rng.randrange(1, len(QUEUES) + 1))
+            options = ReserveOptions(
+                queues=queues,
+                lease_duration=timedelta(milliseconds=lease_ms),
+                wait_timeout=timedelta(milliseconds=rng.choice((0, 20, 100))),
+                worker_id=name,
+                max_jobs=rng.randrange(1, 5),
+            )
+            self.ledger.op_id()
+            try:
+                jobs = await client.reserve(options)
+            except SeppError as exc:
+                if _in_doubt(exc):
+                    self.h.report.stats["in_doubt_reserve"] += 1
+                    self.ledger.outcome()
+                else:
+                    self.refused(exc)
+                continue
+            self.ledger.outcome()
+            for job in jobs or ():
+                rec = self.ledger.delivered(job, lease_ms)
+                if rec is not None:
+                    held.append(Held(job, rec, lease_ms))
+
+    async def act(self, client: SeppClient, item: Held, held: list[Held]) -> None:
+        rng, ledger = self.rng, self.ledger
+        ctx, rec = item.job.ctx, item.rec
+        ledger.op_id()
+        choice = rng.choices(
+            ("ack", "nack", "nack_delay", "nack_dead", "extend", "abandon", "stale"),
+            (40, 10, 10, 5, 15, 12, 8),
+        )[0]
+        sent = wall_ms()
+        try:
+            if choice == "ack":
+                await client.ack(ctx)
+                ledger.check(
+                    rec.acked != "ok" and ctx.attempt == rec.last_attempt,
+                    f"{rec.tag}: ack of attempt {ctx.attempt} succeeded (acked {rec.acked}, "
+                    f"last attempt {rec.last_attempt})",
+                )
+                rec.acked = "ok"
+                rec.lease_until = 0
+            elif choice.startswith("nack"):
+                await self.nack(client, item, choice, sent)
+            elif choice == "extend":
+                await self.extend(client, item, sent, held)
+            elif choice == "abandon":
+                self.h.report.stats["leases_left_to_expire"] += 1
+            else:
+                await self.stale(client, item)
+            if choice != "abandon":
+                ledger.outcome()
+        except (JobNotFoundError, AttemptMismatchError):
+            ledger.outcome()
+            ledger.fenced(rec, ctx.attempt, wall_ms(), choice)
+        except SeppError as exc:
+            if isinstance(exc, InvalidRequestError | UnauthenticatedError):
+                ledger.violation(f"{rec.tag}: {choice} refused unexpectedly: {exc!r}")
+                return
+            if not _in_doubt(exc):
+                # Never applied (the server was gone or busy): the lease is still ours.
+                self.refused(exc)
+                held.append(item)
+                return
+            ledger.outcome()
+            self.h.report.stats[f"in_doubt_{choice}"] += 1
+            if choice == "ack" and rec.acked != "ok":
+                rec.acked = "doubt"
+            if choice == "extend":
+                lease = item.lease_ms
+                rec.extend_doubt.append((sent + lease, wall_ms() + lease))
+                rec.next_min_t = min(rec.next_min_t, sent + lease)
+                rec.lease_until = min(rec.lease_until, sent + lease)
+            if choice.startswith("nack"):
+                delay = self._nack_delay(item, choice)
+                rec.next_min_t = min(rec.next_min_t, sent + delay)
+                rec.lease_until = 0
+                if self._nack_kills(item, choice):
+                    rec.dead = "maybe"
+
+    def _nack_delay(self, item: Held, choice: str) -> int:
+        if choice == "nack_delay":
+            return 50 + item.rec.op % 400
+        return policy_delay(RETRY_POLICY, item.job.ctx.id, item.job.ctx.attempt)
+
+    def _nack_kills(self, item: Held, choice: str) -> bool:
+        return choice == "nack_dead" or item.job.ctx.attempt >= item.rec.max_attempts
+
+    def refused(self, exc: SeppError) -> None:
+        """Not applied: refused, or never sent. A refused connection means the
+        server is gone: this lifetime's workload stops."""
+        self.h.report.stats[f"refused_{type(exc).__name__}"] += 1
+        if isinstance(exc, ConnectError) or (
+            isinstance(exc, TransportError) and exc.code == "unavailable"
+        ):
+            self.stopping = True  # the server is gone, or going
+
+    async def nack(self, client: SeppClient, item: Held, choice: str, sent: int) -> None:
+        ctx, rec = item.job.ctx, item.rec
+        directive = {
+            "nack": RetryDirective.DEFAULT,
+            "nack_delay": RetryDirective.after(
+                timedelta(milliseconds=self._nack_delay(item, choice))
+            ),
+            "nack_dead": RetryDirective.DEAD_LETTER,
+        }[choice]
+        dead_lettered = await client.nack(ctx, directive, reason=f"crash-test {choice}")
+        expected = self._nack_kills(item, choice)
+        self.ledger.check(
+            dead_lettered == expected,
+            f"{rec.tag}: nack ({choice}) of attempt {ctx.attempt}/{rec.max_attempts} said "
+            f"dead_lettered={dead_lettered}",
+        )
+        rec.lease_until = 0
+        if dead_lettered:
+            rec.dead = "ok"
+            rec.next_attempt = None
+        else:
+            rec.returned = True
+            rec.next_min_t = sent + self._nack_delay(item, choice)
+
+    async def extend(self, client: SeppClient, item: Held, sent: int, held: list[Held]) -> None:
+        ctx, rec = item.job.ctx, item.rec
+        lease = item.lease_ms
+        expiry = to_ms(await client.extend(ctx, timedelta(milliseconds=lease)))
+        received = wall_ms()
+        self.ledger.check(
+            sent + lease <= expiry <= received + lease,
+            f"{rec.tag}: extend by {lease} ms sent at {sent}, answered at {received}, "
+            f"gave deadline {expiry}",
+        )
+        if rec.lease_attempt == ctx.attempt:
+            rec.lease_until = rec.lease_deadline = expiry
+            rec.next_min_t = expiry
+        held.append(item)
+
+    async def stale(self, client: SeppClient, item: Held) -> None:
+        """Fencing: an ack of an older attempt, or of a job already acked, must fail."""
+        ctx, rec = item.job.ctx, item.rec
+        if ctx.attempt == 1:
+            self.h.report.stats["stale_skipped"] += 1
+            return
+        stale = JobCtx(
+            id=ctx.id,
+            queue=ctx.queue,
+            job_type=ctx.job_type,
+            priority=ctx.priority,
+            attempt=ctx.attempt - 1,
+            max_attempts=ctx.max_attempts,
+            enqueued_at=ctx.enqueued_at,
+            custom=ctx.custom,
+            trace_context=ctx.trace_context,
+            lease_expires_at=ctx.lease_expires_at,
+        )
+        try:
+            await client.ack(stale)
+        except (JobNotFoundError, AttemptMismatchError):
+            self.h.report.stats["fenced_stale_ack"] += 1
+            return
+        self.ledger.violation(f"{rec.tag}: an ack of stale attempt {ctx.attempt - 1} succeeded")
+        rec.acked = "ok"
+
+    # -- a hostile neighbour -------------------------------------------------------------
+
+    async def fuzzer(self) -> None:
+        rng = self.rng
+        host, _, port = self.server.address.rpartition(":")
+        while not self.stopping:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                return
+            try:
+                hello = encode_frame(pm.encode_request(1, "hello", {"protocol": 1}))
+                junk = _junk(rng)
+                writer.write(hello + junk if rng.random() < 0.7 else junk)
+                if rng.random() < 0.5:
+                    writer.write_eof()  # half-close: answers must still come
+                await writer.drain()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(65536), 0.05)
+                self.h.report.stats["fuzz_connections"] += 1
+            except (OSError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError, ConnectionError):
+                    await writer.wait_closed()
+            await asyncio.sleep(0.01)
+
+    # -- the lifetime ------------------------------------------------------------------
+
+    async def run(self, held_by_worker: list[list[Held]], until_dead: Awaitable[Any]) -> None:
+        tasks: list[asyncio.Task[None]] = []
+        for _ in range(2):
+            tasks.append(asyncio.create_task(self.producer(await self.client())))
+        for i, held in enumerate(held_by_worker):
+            tasks.append(asyncio.create_task(self.worker(await self.client(), f"w{i}", held)))
+        if self.h.options.fuzz:
+            tasks.append(asyncio.create_task(self.fuzzer()))
+        await until_dead
+        self.stopping = True
+        await asyncio.gather(*tasks, return_exceptions=False)
+        await self.close()
+
+
+def _junk(rng: random.Random) -> bytes:
+    kind = rng.randrange(5)
+    if kind == 0:
+        return rng.randbytes(rng.randrange(1, 200))
+    if kind == 1:  # a length far over the frame limit
+        return (0xFFFFFFF0).to_bytes(4, "big") + rng.randbytes(8)
+    if kind == 2:  # wrong types in a real operation
+        body: dict[str, Any] = {
+            "jobs": rng.choice(([1, 2], "x", [{"queue": 5}], None)),
+            "atomic": "yes",
+        }
+        return encode_frame(pm.encode_request(2, "enqueue", body))
+    if kind == 3:  # an ack of a job that does not exist
+        body = {"job_id": "00000000-0000-4000-8000-000000000000", "attempt": 1}
+        return encode_frame(pm.encode_request(3, "ack", body))
+    frame = bytearray(encode_frame(pm.encode_request(4, "reserve", {"queues": ["cq0"]})))
+    frame[rng.randrange(len(frame))] ^= 1 << rng.randrange(8)
+    return bytes(frame[: rng.randrange(1, len(frame) + 1)])
+
+
+# ---------------------------------------------------------------- the harness
+
+
+class Harness:
+    def __init__(self, options: HarnessOptions) -> None:
+        self.options = options
+        self.rng = random.Random(f"sepp-crash:{options.seed}")
+        self.report = Report(seed=options.seed)
+        self.ledger = Ledger(self.report)
+        self.run_tag = f"s{options.seed}"
+        self.workdir = options.workdir or tempfile.mkdtemp(prefix="sepp-crash-")
+        os.makedirs(self.workdir, exist_ok=True)
+        self.data_dir = os.path.join(self.workdir, "data")
+        self.log_path = os.path.join(self.workdir, "server.log")
+        self.report.workdir = self.workdir
+        self.held: list[list[Held]] = [[] for _ in range(3)]
+        self.state: State | None = None  # S: the state the next start recovers
+
+    def storage_env(self, point: str | None) -> dict[str, str]:
+        rng = self.rng
+        env = dict(BASE_ENV)
+        modes: tuple[str, ...] = ("sync_all", "sync_data", "buffer")
+        if point == "wal.after_sync":
+            modes = modes[:2]  # buffer mode syncs on a timer, past that hook
+        env["SEPP_STORAGE__PERSIST_MODE"] = rng.choice(modes)
+        env["SEPP_STORAGE__SEGMENT_BYTES_MAX"] = str(rng.choice((4096, 8192, 65536)))
+        env["SEPP_STORAGE__SNAPSHOT_EVERY_BYTES"] = str(rng.choice((8192, 32768, 262144)))
+        env["SEPP_STORAGE__SNAPSHOTS_KEPT"] = str(rng.choice((1, 2)))
+        if point is not None:
+            if self.options.only_points:
+                # Reach the point soon: tiny segments, a snapshot every 8 KiB, one
+                # kept (so each snapshot deletes files).
+                env["SEPP_STORAGE__SEGMENT_BYTES_MAX"] = "4096"
+                env["SEPP_STORAGE__SNAPSHOT_EVERY_BYTES"] = "8192"
+                env["SEPP_STORAGE__SNAPSHOTS_KEPT"] = "1"
+            env["SEPP_FAULT_CRASH_AT"] = f"{point}:{rng.randrange(1, 4)}"
+        return env
+
+    def say(self, text: str) -> None:
+        if self.options.verbose:
+            print(text, flush=True)
+
+    async def start(self, env: dict[str, str]) -> ServerProcess:
+        server = ServerProcess(self.options.python, self.data_dir, self.log_path, env)
+        if not await server.start():
+            if "SEPP_FAULT_CRASH_AT" in env and server.exit_code == -signal.SIGKILL:
+                raise CrashedWhileStarting(server)  # the hook point came up in Engine.open
+            raise HarnessAbort(
+                f"the server did not start on {self.data_dir} (exit code {server.exit_code}):\n"
+                + server.log_tail()
+            )
+        self.report.restarts += 1
+        return server
+
+    async def probe(self, server: ServerProcess) -> None:
+        """Right after a restart: totals per queue, and durable idempotency keys."""
+        if self.state is None:
+            return
+        client = SeppClient(server.address, rpc_timeout=RPC_TIMEOUT)
+        try:
+            await self._probe(client)
+        except SeppError as exc:
+            # A server set to kill itself at a hook point may do so right away.
+            if server.alive and _in_doubt(exc) and server.proc is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(server.proc.wait(), 1.0)
+            if server.alive:
+                self.ledger.violation(f"probing the restarted server failed: {exc!r}")
+            else:
+                self.report.stats["probe_interrupted"] += 1
+        finally:
+            await client.close()
+
+    async def _probe(self, client: SeppClient) -> None:
+        assert self.state is not None
+        expected = self.ledger.expected_totals(self.state)
+        stats = {s.name: s for s in await client.queue_stats(list(QUEUES))}
+        for queue in QUEUES:
+            s = stats[queue]
+            total = s.ready + s.scheduled + s.in_flight + s.dead_lettered
+            self.ledger.check(
+                total == expected.get(queue, 0),
+                f"after restart queue {queue} holds {total} jobs, the log {expected.get(queue, 0)}",
+            )
+        durable = self.ledger.durable_keys
+        keyed = self.rng.sample(durable, min(len(durable), 64))
+        if keyed:
+            op = self.ledger.op_id()
+            requests = []
+            for i, rec in enumerate(keyed):
+                probe = f"{self.run_tag}-p{op}-{i}"
+                self.ledger.add(JobRec(probe, rec.queue, op, False, None, 1, None, enq="no"))
+                requests.append(
+                    EnqueueRequest(
+                        queue=rec.queue,
+                        job_type="crash-test",
+                        payload=Payload(probe.encode(), "text/plain"),
+                        idempotency_key=rec.key,
+                    )
+                )
+            results = await client.enqueue_batch(requests)
+            for rec, result in zip(keyed, results, strict=True):
+                self.ledger.check(
+                    isinstance(result, EnqueueAck)
+                    and result.deduplicated
+                    and result.job_id == rec.job_id,
+                    f"{rec.tag}: after restart key {rec.key} answered {result}, "
+                    f"expected {rec.job_id} deduplicated",
+                )
+
+    async def cycle(self, index: int) -> None:
+        rng = self.rng
+        kinds = ["kill"] * 7 + ["term"]
+        if self.options.points:
+            kinds += ["point"] * 4
+        kind = rng.choice(kinds)
+        point = rng.choice(HOOK_POINTS) if kind == "point" else None
+        if self.options.only_points:
+            kind, point = "point", self.options.only_points[index % len(self.options.only_points)]
+        env = self.storage_env(point)
+        try:
+            server = await self.start(env)
+        except CrashedWhileStarting as crashed:
+            # E.g. a rotation while opening the log, at rotate.*: a crash like any other.
+            self.report.stats[f"self_killed_while_starting_at_{point}"] += 1
+            self.report.crashes += 1
+            self.check_directory(crashed.server.kill_ms or wall_ms())
+            return
+        await self.probe(server)
+        duration = rng.uniform(0.3, 1.2) if self.options.fast else rng.uniform(0.5, 3.0)
+        if self.options.only_points:
+            duration = 30.0  # the point comes first; SIGKILL only if it never does
+        workload = Workload(self, server, rng, duration)
+
+        async def lifetime() -> None:
+            assert server.proc is not None
+            waiting = asyncio.create_task(server.proc.wait())
+            done, _ = await asyncio.wait({waiting}, timeout=duration)
+            if not done:
+                if kind == "term":
+                    server.terminate()
+                else:
+                    server.kill()
+            await waiting
+
+        await workload.run(self.held, lifetime())
+        code = await server.wait()
+        self.say(f"cycle {index}: {kind} {point or ''} exit {code}")
+        if kind == "term":
+            self.ledger.check(code == 0, f"graceful stop exited {code}:\n{server.log_tail()}")
+            self.report.stats["graceful_stops"] += 1
+        elif code != -signal.SIGKILL:
+            self.ledger.violation(
+                f"server exited with {code} instead of being killed:\n{server.log_tail()}"
+            )
+        elif not server.killed_by_us:
+            self.report.stats[f"self_killed_at_{point}"] += 1
+        else:
+            self.report.stats["sigkills"] += 1
+        if kind != "term":
+            self.report.crashes += 1
+        if self.options.disk_faults and kind != "term":
+            await self.damage()
+        self.check_directory(server.kill_ms)
+
+    async def damage(self) -> None:
+        """Between cycles, what a crash can do to the disk."""
+        r = self.rng.random()
+        if r < 0.2:
+            self.tear_tail()
+        elif r < 0.3:
+            await self.flipped_bit_refuses_to_start()
+
+    def _segments(self) -> list[str]:
+        wal = os.path.join(self.data_dir, "wal")
+        names = sorted(n for n in os.listdir(wal) if parse_segment_file_name(n) is not None)
+        return [os.path.join(wal, n) for n in names]
+
+    def tear_tail(self) -> None:
+        segments = self._segments()
+        if not segments:
+            return
+        with open(segments[-1], "rb") as f:
+            head = f.read(FILE_HEADER_BYTES)
+        try:
+            decode_segment_header(head)
+        except FormatError:
+            # A segment created but whose header never made it (a crash at
+            # rotate.after_create): no record can have been torn into it.
+            return
+        if self.rng.random() < 0.5:
+            tail = bytes(self.rng.randrange(1, 300))  # a preallocated, never written block
+        else:
+            next_seq = replay_to(open_data_dir(self.data_dir)).seq + 1
+            record = encode_record(next_seq, RECORD_KIND_COMMAND, self.rng.randbytes(100))
+            tail = record[: self.rng.randrange(1, len(record))]  # a record cut mid-write
+        with open(segments[-1], "ab") as f:
+            f.write(tail)
+        self.report.stats["torn_tails"] += 1
+
+    async def flipped_bit_refuses_to_start(self) -> None:
+        sealed = self._segments()[:-1]
+        if not sealed:
+            return
+        path = self.rng.choice(sealed)
+        with open(path, "rb") as f:
+            original = f.read()
+        offset = self.rng.randrange(len(original))
+        damaged = bytearray(original)
+        damaged[offset] ^= 1 << self.rng.randrange(8)
+        with open(path, "wb") as f:
+            f.write(damaged)
+        try:
+            report = verify(open_data_dir(self.data_dir))
+            errors = [p for p in report.problems if p.severity == ERROR]
+            self.ledger.check(bool(errors), f"sepp-log verify missed a flipped bit in {path}")
+            server = ServerProcess(
+                self.options.python, self.data_dir, self.log_path, dict(BASE_ENV)
+            )
+            started = await server.start()
+            if started:
+                server.kill()
+                await server.wait()
+            self.ledger.check(
+                not started and server.exit_code == 1,
+                f"a flipped bit at {path}:{offset} did not stop the server (exit {server.exit_code})",
+            )
+            if errors:
+                first = errors[0]
+                tail = server.log_tail(5)
+                self.ledger.check(
+                    "cannot start" in tail
+                    and os.path.basename(path) in tail
+                    and f"offset {first.offset}" in tail
+                    and "sepp-log verify" in tail,
+                    f"refusal does not name {first.file} offset {first.offset}: {tail}",
+                )
+            self.report.stats["refused_flipped_bit"] += 1
+        finally:
+            with open(path, "wb") as f:
+                f.write(original)
+
+    def check_directory(self, kill_ms: int) -> None:
+        report = verify(open_data_dir(self.data_dir))
+        errors = [p.human() for p in report.problems if p.severity == ERROR]
+        self.ledger.check(not errors, f"sepp-log verify failed after a crash: {errors[:3]}")
+        result = replay_to(open_data_dir(self.data_dir))
+        if result.state is None:
+            raise HarnessAbort(f"the crashed directory does not replay: {result.problems}")
+        self.state = result.state
+        self.ledger.check_recovered(result.state, kill_ms)
+
+    async def final(self) -> None:
+        """Restart once more and work every job to its end: each is delivered (after
+        its lease or schedule) with the predicted attempt and acked, or it dies as a
+        dead letter (a lease lapsing on its final attempt); then a graceful stop
+        whose final snapshot must equal the replay of the log."""
+        server = await self.start(self.storage_env(None))
+        await self.probe(server)
+        client = SeppClient(server.address, rpc_timeout=RPC_TIMEOUT)
+        ledger = self.ledger
+        try:
+            live = [
+                r for r in ledger.jobs.values() if r.seen and r.acked != "ok" and r.dead != "ok"
+            ]
+            # In flight on its final attempt: its lease lapses into a dead letter.
+            dying = {r.tag for r in live if r.lease_until and r.lease_attempt >= r.max_attempts}
+            pending = {r.tag for r in live} - dying
+            deadline = time.monotonic() + 30.0
+            while pending and time.monotonic() < deadline:
+                options = ReserveOptions(
+                    queues=list(QUEUES),
+                    lease_duration=timedelta(seconds=20),
+                    wait_timeout=timedelta(milliseconds=200),
+                    max_jobs=64,
+                )
+                for job in await client.reserve(options) or ():
+                    rec = ledger.delivered(job, 20_000)
+                    ledger.report.operations += 1
+                    try:
+                        await client.ack(job.ctx)
+                    except SeppError as exc:
+                        ledger.violation(f"final ack of {job.ctx.id} failed: {exc!r}")
+                        continue
+                    if rec is not None:
+                        rec.acked = "ok"
+                        pending.discard(rec.tag)
+            ledger.check(
+                not pending, f"never delivered again after the last restart: {sorted(pending)[:10]}"
+            )
+            for tag in dying:
+                ledger.jobs[tag].dead = "ok"
+            # Wait for those leases to lapse (the sweep runs at each deadline).
+            while time.monotonic() < deadline:
+                stats = await client.queue_stats(list(QUEUES))
+                if all(s.in_flight == 0 for s in stats):
+                    break
+                await asyncio.sleep(0.05)
+            dead: list[str] = []
+            while batch := await client.drain_dead_letters(None, 256):
+                dead.extend(record.job_id for record in batch)
+            expected_dead = sorted(r.job_id or "?" for r in ledger.jobs.values() if r.dead == "ok")
+            ledger.check(
+                sorted(dead) == expected_dead,
+                f"dead letters drained {len(dead)}, ledger expects {len(expected_dead)}: "
+                f"{sorted(set(dead) ^ set(expected_dead))[:5]}",
+            )
+            stats = await client.queue_stats(list(QUEUES))
+            left = {s.name: (s.ready, s.scheduled, s.in_flight, s.dead_lettered) for s in stats}
+            ledger.check(
+                all(v == (0, 0, 0, 0) for v in left.values()), f"jobs left at the end: {left}"
+            )
+        finally:
+            await client.close()
+        server.terminate()
+        code = await server.wait()
+        ledger.check(code == 0, f"final graceful stop exited {code}")
+        report = verify(open_data_dir(self.data_dir))
+        errors = [p.human() for p in report.problems if p.severity == ERROR]
+        ledger.check(not errors, f"sepp-log verify after the final stop: {errors[:3]}")
+        ledger.check(
+            any(s.verdict in ("match", "base") for s in report.snapshots),
+            "no snapshot was compared with the log after the final stop",
+        )
+
+    async def run(self) -> Report:
+        started = time.monotonic()
+        try:
+            index = 0
+            while self.report.crashes < self.options.crashes:
+                before = self.report.crashes
+                await self.cycle(index)
+                index += 1
+                if self.report.crashes != before and self.report.crashes % 50 == 0:
+                    print(
+                        f"  {self.report.crashes} crashes, {self.report.operations} operations, "
+                        f"{len(self.report.violations)} violations "
+                        f"({time.monotonic() - started:.0f}s)",
+                        flush=True,
+                    )
+            if self.options.final:
+                await self.final()
+        except HarnessAbort as exc:
+            self.report.violations.append(str(exc))
+        self.report.elapsed_s = time.monotonic() - started
+        return self.report
+
+
+class HarnessAbort(RuntimeError):
+    """The run cannot go on (the server does not start, the log does not replay)."""
+
+
+class CrashedWhileStarting(Exception):
+    """A server told to kill itself at a hook point did so before it listened."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        super().__init__("crashed while starting")
+        self.server = server
+
+
+def run_harness(options: HarnessOptions) -> Report:
+    harness = Harness(options)
+    report = asyncio.run(harness.run())
+    if not report.violations and not options.keep and options.workdir is None:
+        shutil.rmtree(harness.workdir, ignore_errors=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.crash",
+        description="SIGKILL a real sepp server again and again; check what survived.",
+    )
+    parser.add_argument("--crashes", type=int, default=20, help="crash/restart cycles")
+    parser.add_argument("--seed", type=int, help="seed (default: $SEPP_SEED, else random)")
+    parser.add_argument("--fast", action="store_true", help="short cycles (the CI setting)")
+    parser.add_argument("--no-points", action="store_true", help="no crashes at hook points")
+    parser.add_argument("--no-fuzz", action="store_true", help="no hostile connection")
+    parser.add_argument("--no-disk-faults", action="store_true", help="no torn tails or bit flips")
+    parser.add_argument("--workdir", help="keep data and logs here (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir even on success")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    if args.seed is not None:
+        seed = args.seed
+    elif os.environ.get("SEPP_SEED"):
+        seed = int(os.environ["SEPP_SEED"])
+    else:
+        seed = random.SystemRandom().randrange(2**32)
+    options = HarnessOptions(
+        crashes=args.crashes,
+        seed=seed,
+        fast=args.fast,
+        points=not args.no_points,
+        fuzz=not args.no_fuzz,
+        disk_faults=not args.no_disk_faults,
+        workdir=args.workdir,
+        keep=args.keep,
+        verbose=args.verbose,
+    )
+    print(f"sepp crash: {args.crashes} cycles, SEPP_SEED={seed}", flush=True)
+    report = run_harness(options)
+    flags = " ".join(
+        f
+        for f, on in (
+            ("--fast", args.fast),
+            ("--no-points", args.no_points),
+            ("--no-fuzz", args.no_fuzz),
+            ("--no-disk-faults", args.no_disk_faults),
+        )
+        if on
+    )
+    print(report.summary(f"python -m tools.crash --crashes {args.crashes} {flags}".rstrip()))
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

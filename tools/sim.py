@@ -1,0 +1,880 @@
+"""`python -m tools.sim --seeds N [--seed S] [--jobs J]`: the deterministic
+crash/restart simulation of sepp against the reference model.
+
+Owns: the seeded, in-process simulation. One seed = one run: a random core
+configuration and storage options (persist mode, tiny segments, frequent
+snapshots, retention), a random workload of every command kind (including
+refused and fenced ones) on a manual clock, driven through the real storage
+`Engine` on the fault-injecting file system (`sepp.storage.faultfs`), and a
+handful of crash/restart cycles. Every command also runs on the reference model
+(`tools.refmodel.Model`), so each cycle is checked against an independent,
+obviously-correct implementation of the semantics, not against the core itself.
+
+Faults, one per cycle, chosen by the seed:
+
+- **power loss** at a random moment: between batches, right before the n-th
+  file operation (mid-write, between write and sync, mid-rotation, mid-snapshot,
+  mid-retention) or at the n-th hit of a named storage hook point; the file
+  system then drops everything not synced, optionally keeping a torn prefix of
+  the unsynced bytes (`FaultyFileSystem.crash(tear=...)`);
+- **process kill** at the same kinds of moments: the process dies, the file
+  system keeps every byte written (the page cache survives a SIGKILL);
+- **a crash during recovery** itself (then recovery again);
+- **EIO / ENOSPC on a write or a sync**, and **a full disk**: the engine must
+  fail for good (no later command accepted, no write or sync ever retried), then
+  restart once the fault is gone;
+- **a flipped bit in a sealed segment** (recovery must refuse, naming the file,
+  the record's offset and sequence number; once repaired it must start) and **in
+  a snapshot** (recovery must fall back to an older snapshot or the log and
+  rebuild the same state, or refuse when nothing else covers it).
+
+Checks (a failure of any is a *violation*):
+
+1. every command's answer equals the model's (`refmodel.answer_difference`);
+2. after every batch the observable state equals the model's (jobs with status,
+   attempt, deadlines; per-queue counts; dead letters; dedup records; the next
+   deadline), and `check_invariants` holds;
+3. after every restart the engine recovered records 1..k with
+   released <= k <= appended, where *released* is what a reply may have been
+   sent for (written, for a process kill; synced, for a power loss), and its
+   state equals the model rebuilt from exactly the first k logged commands —
+   including the clock — so nothing acknowledged is lost and nothing
+   unacknowledged appears except a prefix of the in-doubt tail;
+4. the engine then keeps working: the next cycle runs on it.
+
+Every run prints the seed; a failing seed prints `SEPP_SEED=<seed> python -m
+tools.sim --seeds 1`, which replays exactly that run (nothing here reads a
+clock, sleeps or depends on thread timing: snapshots are taken synchronously).
+
+Must not import: sepp.server, sepp.client (it drives `sepp.storage` directly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import errno
+import gc
+import logging
+import multiprocessing
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from log_format import (
+    FILE_HEADER_BYTES,
+    Record,
+    decode_segment_header,
+    parse_segment_file_name,
+    parse_snapshot_file_name,
+    scan_records,
+)
+from sepp.core import (
+    RETRY_DEAD_LETTER,
+    RETRY_DEFAULT,
+    RETRY_DELAY,
+    Ack,
+    Command,
+    CoreConfig,
+    DeadLetterJobs,
+    Decision,
+    DrainDeadLetters,
+    Enqueue,
+    Extend,
+    Nack,
+    NewJob,
+    QueuePolicy,
+    RequeueDeadLetters,
+    Reserve,
+    Sweep,
+    check_invariants,
+)
+from sepp.core.invariants import InvariantViolation
+from sepp.core.results import CommandError
+from sepp.storage import HOOK_POINTS, Engine, RecoveryError, StorageFailed, StorageOptions
+from sepp.storage.faultfs import MUTATING_OPS, Crasher, FaultyFileSystem, SimulatedCrash
+from tools.refmodel import IN_FLIGHT, READY, SCHEDULED, Model, answer_difference, observe_core
+from tools.refmodel import normalise as normalise_answer
+
+__all__ = ["SeedResult", "Violation", "main", "run_seed", "run_seeds"]
+
+DATA_DIR = "/sim"
+WAL_DIR = "/sim/wal"
+SNAP_DIR = "/sim/snapshots"
+T0 = 1_700_000_000_000
+
+DISK_OPS = MUTATING_OPS - {"truncate"}
+
+QUEUES = ("a", "b", "c")
+KEYS = ("k1", "k2", "k3", "k4", "k5")
+
+# Core configurations a seed draws from: small windows so that sweeps have work
+# (leases expire, schedules come due, dedup keys and dead letters age out within
+# simulated seconds), depth caps so that the state stays small.
+CORE_CONFIGS: dict[str, CoreConfig] = {
+    "retained": CoreConfig(
+        defaults=QueuePolicy(
+            default_max_attempts=2,
+            retry_delay_ms=200,
+            retry_backoff="exponential",
+            dedup_window_ms=3_000,
+            max_queue_depth=40,
+            max_schedule_horizon_ms=60_000,
+        ),
+        dead_letter_retention_ms=4_000,
+    ),
+    "dropped": CoreConfig(
+        defaults=QueuePolicy(dedup_window_ms=5_000, max_queue_depth=30, max_lease_duration_ms=1_500)
+    ),
+    "declared": CoreConfig(
+        strict_queues=True,
+        dead_letter_retention_ms=1_500,
+        sweep_limit=2,
+        defaults=QueuePolicy(
+            retry_delay_ms=50, max_queue_depth=20, default_max_attempts=3, dedup_window_ms=1_000
+        ),
+    )
+    .with_queue("a", max_lease_duration_ms=700, default_priority=4, max_attempts_ceiling=2)
+    .with_queue("b", retry_delay_ms=0, retry_backoff="exponential"),
+}
+
+
+class Violation(AssertionError):
+    """A broken promise found by the simulation."""
+
+
+# ---------------------------------------------------------------- the process
+
+
+def _kill(engine: Engine) -> None:
+    """The process is gone: wake a snapshot thread that waits for durability (it
+    then meets the dead file system and ends) and wait for it."""
+    if engine.snapshot_running():
+        engine._fail(SimulatedCrash("process died"))
+    engine.wait_snapshot()
+    engine.release_lock()  # the kernel drops a dead process's locks
+
+
+# ---------------------------------------------------------------- the model side
+
+
+@dataclass
+class _Pending:
+    seq: int
+    run: Callable[[Model], tuple[Any, ...]]
+
+
+class ModelLog:
+    """The reference model as the log sees it: `base` holds exactly the commands
+    up to `base_seq` (the newest seq no crash may lose), `pending` the logged
+    commands after it, `live` everything answered so far."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        self.base = Model(config)
+        self.base_seq = 0
+        self.pending: list[_Pending] = []
+        self.live = self._clone(self.base)
+
+    @staticmethod
+    def _clone(model: Model) -> Model:
+        return copy.deepcopy(model, {id(model.config): model.config})
+
+    @property
+    def appended_seq(self) -> int:
+        return self.pending[-1].seq if self.pending else self.base_seq
+
+    def logged(self, seq: int, run: Callable[[Model], tuple[Any, ...]]) -> None:
+        if seq != self.appended_seq + 1:
+            raise Violation(f"record seq {seq} logged after seq {self.appended_seq}")
+        self.pending.append(_Pending(seq, run))
+
+    def advance_base(self, seq: int) -> None:
+        """Records up to `seq` are durable against every crash: fold them in."""
+        while self.pending and self.pending[0].seq <= seq:
+            self.pending.pop(0).run(self.base)
+            self.base_seq += 1
+
+    def recovered(self, seq: int) -> None:
+        """The engine came back with records 1..seq: the model follows."""
+        self.advance_base(seq)
+        if self.base_seq != seq:
+            raise Violation(f"recovered seq {seq}, model base at {self.base_seq}")
+        self.pending.clear()
+        self.live = self._clone(self.base)
+
+
+# ---------------------------------------------------------------- the workload
+
+
+class Workload:
+    """Seeded commands against the model's view of the state. Each command comes
+    with the same call on the model."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def job_id(self) -> str:
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+    def advance(self, now: int) -> int:
+        return now + self.rng.choice((0, 0, 1, 7, 50, 120, 400, 900, 2_500))
+
+    def new_job(self, now: int) -> NewJob:
+        rng = self.rng
+        size = rng.randrange(120)
+        payload = rng.randbytes(size) if size else None
+        scheduled_at = None
+        if rng.random() < 0.2:
+            scheduled_at = now + rng.choice((-1_000, 1, 300, 2_000, 7_000, 10**9))
+        custom: dict[str, str | int | float | bool] | None = None
+        if rng.random() < 0.2:
+            custom = {"n": rng.randrange(1000), "ok": rng.random() < 0.5, "s": "x" * 3}
+        return NewJob(
+            job_id=self.job_id(),
+            queue=rng.choice(QUEUES) if rng.random() < 0.97 else "",
+            job_type="work" if rng.random() < 0.98 else "",
+            payload_data=payload,
+            payload_encoding="raw" if payload else None,
+            idempotency_key=rng.choice(KEYS) if rng.random() < 0.3 else None,
+            priority=rng.choice((None, 0, 3, 9)),
+            max_attempts=rng.choice((None, 1, 2, 3)),
+            scheduled_at=scheduled_at,
+            traceparent="00-trace-01" if rng.random() < 0.1 else None,
+            custom=custom,
+        )
+
+    def command(self, model: Model, now: int) -> tuple[Command, Callable[[Model], Any]]:
+        rng = self.rng
+        r = rng.random()
+        if r < 0.28:
+            jobs = tuple(self.new_job(now) for _ in range(rng.choice((1, 1, 2, 3))))
+            atomic = rng.random() < 0.25
+            return Enqueue(jobs=jobs, atomic=atomic), lambda m: m.enqueue(jobs, atomic, now)
+        if r < 0.48:
+            queues = tuple(rng.sample(QUEUES, rng.randrange(1, len(QUEUES) + 1)))
+            lease_ms = rng.choice((100, 600, 2_000))
+            max_jobs = rng.choice((1, 1, 2, 3))
+            worker = rng.choice((None, "w1", "w2"))
+            return (
+                Reserve(queues=queues, lease_ms=lease_ms, max_jobs=max_jobs, worker_id=worker),
+                lambda m: m.reserve(queues, lease_ms, max_jobs, worker, now),
+            )
+        in_flight = sorted(j.job_id for j in model.jobs.values() if j.status == IN_FLIGHT)
+        if r < 0.78 and in_flight:
+            job_id = rng.choice(in_flight)
+            current = model.jobs[job_id].attempt
+            attempt = current if rng.random() < 0.93 else rng.choice((current - 1, current + 1))
+            attempt = max(attempt, 1)
+            kind = rng.random()
+            if kind < 0.45:
+                return (
+                    Ack(job_id=job_id, attempt=attempt),
+                    lambda m: m.ack(job_id, attempt, now),
+                )
+            if kind < 0.85:
+                retry = rng.choice((RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER))
+                delay = rng.choice((0, 150, 1_000)) if retry == RETRY_DELAY else None
+                reason = rng.choice((None, "boom"))
+                return (
+                    Nack(
+                        job_id=job_id, attempt=attempt, retry=retry, delay_ms=delay, reason=reason
+                    ),
+                    lambda m: m.nack(job_id, attempt, retry, delay, reason, now),
+                )
+            lease_ms = rng.choice((200, 1_500))
+            return (
+                Extend(job_id=job_id, attempt=attempt, lease_ms=lease_ms),
+                lambda m: m.extend(job_id, attempt, lease_ms, now),
+            )
+        if r < 0.88:
+            return Sweep(), lambda m: m.sweep(now)
+        if r < 0.94:
+            queue = rng.choice((None, *QUEUES))
+            most = rng.choice((1, 2, 5))
+            return (
+                DrainDeadLetters(queue=queue, max_records=most),
+                lambda m: m.drain(queue, most, now),
+            )
+        if r < 0.97:
+            waiting = sorted(
+                j.job_id for j in model.jobs.values() if j.status in (READY, SCHEDULED)
+            )
+            picked = tuple(
+                rng.sample(waiting, min(len(waiting), 2)) if waiting else [self.job_id()]
+            )
+            return (
+                DeadLetterJobs(job_ids=picked, reason="operator"),
+                lambda m: m.dead_letter_jobs(picked, "operator", now),
+            )
+        dead = [d.job.job_id for d in model.dead]
+        chosen = tuple(rng.sample(dead, min(len(dead), 2)) if dead else [self.job_id()])
+        return RequeueDeadLetters(job_ids=chosen), lambda m: m.requeue(chosen, now)
+
+
+# ---------------------------------------------------------------- one run
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    cycles: int = 0
+    operations: int = 0
+    violation: str | None = None
+    stats: Counter[str] = field(default_factory=Counter)
+
+
+def _observed(state_view: dict[str, Any], *, with_clock: bool) -> dict[str, Any]:
+    if with_clock:
+        return state_view
+    return {k: v for k, v in state_view.items() if k != "clock"}
+
+
+def _first_difference(core: dict[str, Any], model: dict[str, Any]) -> str | None:
+    for key in model:
+        if core.get(key) != model[key]:
+            return f"{key}: core {core.get(key)!r:.600} != model {model[key]!r:.600}"
+    return None
+
+
+def _segment_paths(fs: FaultyFileSystem) -> list[str]:
+    names = [n for n in fs.listdir(WAL_DIR) if parse_segment_file_name(n) is not None]
+    return [f"{WAL_DIR}/{n}" for n in sorted(names)]
+
+
+def _snapshot_paths(fs: FaultyFileSystem) -> list[str]:
+    names = [n for n in fs.listdir(SNAP_DIR) if parse_snapshot_file_name(n) is not None]
+    return [f"{SNAP_DIR}/{n}" for n in sorted(names)]
+
+
+class Sim:
+    """One seeded run: a data directory on the fake file system, an engine, the
+    model, and crash/restart cycles."""
+
+    def __init__(self, seed: int, *, commands_max: int = 6) -> None:
+        self.seed = seed
+        self.rng = rng = random.Random(f"sepp-sim:{seed}")
+        self.config_name = rng.choice(sorted(CORE_CONFIGS))
+        self.config = CORE_CONFIGS[self.config_name]
+        self.options = StorageOptions(
+            persist_mode=rng.choice(("sync_all", "sync_data", "buffer")),
+            segment_bytes_max=rng.choice((4096, 4096, 8192, 65536)),
+            snapshot_every_bytes=0,
+            snapshot_mode="inline",
+            snapshots_kept=rng.choice((1, 2)),
+            log_retention_ms=rng.choice((0, 0, 3_000)),
+        )
+        self.buffered = self.options.persist_mode == "buffer"
+        self.snapshot_p = rng.choice((0.0, 0.05, 0.2))
+        self.commands_max = commands_max
+        self.fs = FaultyFileSystem()
+        self.crasher = Crasher()
+        self.fs.hook = self.crasher.fs_hook
+        self.model = ModelLog(self.config)
+        self.workload = Workload(rng)
+        self.now = T0
+        # Released to a client: written (durable against a process kill) and
+        # synced (durable against a power loss). Equal except in buffer mode.
+        self.written_seq = 0
+        self.synced_seq = 0
+        self.result = SeedResult(seed)
+        self.stats = self.result.stats
+        self.power_lost_in_recovery = False
+        self.engine = self._open()
+
+    # -- the process ---------------------------------------------------------
+
+    def _open(self) -> Engine:
+        while True:
+            try:
+                return Engine.open(
+                    DATA_DIR,
+                    self.config,
+                    self.options,
+                    fs=self.fs,
+                    hook=self.crasher.engine_hook,
+                )
+            except SimulatedCrash:
+                # Died while recovering: recovery must be repeatable.
+                self.stats["crashed_in_recovery"] += 1
+                if self.rng.random() < 0.5:
+                    self.fs.crash(self.rng, tear=True)
+                    self.power_lost_in_recovery = True
+                self.crasher.reset()
+
+    def _synced(self, seq: int) -> None:
+        self.synced_seq = max(self.synced_seq, seq)
+        self.model.advance_base(self.synced_seq)
+
+    def step(self) -> None:
+        """One batch: commands (each compared with the model), one flush, perhaps
+        a sync or a snapshot, then the whole state compared with the model.
+        Raises SimulatedCrash (the process died) or StorageFailed."""
+        engine, rng, model = self.engine, self.rng, self.model
+        for _ in range(rng.randrange(1, self.commands_max + 1)):
+            self.now = self.workload.advance(self.now)
+            command, on_model = self.workload.command(model.live, self.now)
+            decision, barrier = engine.execute(command, self.now)
+            expected = on_model(model.live)
+            self.result.operations += 1
+            difference = answer_difference(normalise_answer(decision), expected)
+            if difference is not None:
+                raise Violation(f"{type(command).__name__}: {difference}")
+            if type(decision) is Decision and decision.events:
+                model.logged(barrier, on_model)
+            elif not isinstance(decision, Decision | CommandError):
+                raise Violation(f"unexpected decision {decision!r}")
+        self.written_seq = engine.flush()
+        if not self.buffered:
+            self._synced(self.written_seq)
+        elif rng.random() < 0.4:
+            engine.sync()  # buffer mode: only a sync makes written records durable
+            self._synced(self.written_seq)
+        if rng.random() < self.snapshot_p:
+            before = engine.snapshot_seq
+            published = engine.snapshot_now()
+            self.stats["snapshots"] += 1
+            if self.crasher.dead:
+                raise SimulatedCrash("died in the snapshot thread")
+            self.written_seq = engine.durable_seq
+            if not self.buffered:
+                self._synced(self.written_seq)
+            elif published != before:
+                self._synced(published)  # publication syncs the log under it first
+        self.check_live()
+
+    def check_live(self) -> None:
+        state = self.engine.state
+        try:
+            check_invariants(state)
+        except InvariantViolation as exc:
+            raise Violation(f"invariant broken: {exc}") from exc
+        difference = _first_difference(
+            _observed(observe_core(state), with_clock=False),
+            _observed(self.model.live.observe(), with_clock=False),
+        )
+        if difference is not None:
+            raise Violation(f"live state differs from the model: {difference}")
+
+    def run_until_crash(self, steps_max: int) -> bool:
+        for _ in range(steps_max):
+            try:
+                self.step()
+            except SimulatedCrash:
+                return True
+        return False
+
+    def restart(self, *, power_loss: bool, tear: bool) -> None:
+        """The process is gone; a new one recovers the data directory."""
+        self.crasher.dead = True
+        _kill(self.engine)
+        if power_loss:
+            self.fs.crash(self.rng, tear=tear)
+            released = self.synced_seq
+        else:
+            released = self.written_seq
+        self.crasher.reset()
+        if self.rng.random() < 0.15:
+            self.crasher.arm_ops(self.rng.randrange(1, 5))
+        self.power_lost_in_recovery = False
+        self.engine = self._open()
+        self.crasher.reset()
+        if self.power_lost_in_recovery:
+            # A power loss during the next start loses what the killed process
+            # had written but not synced (buffer mode's documented window).
+            released = min(released, self.synced_seq)
+        self.check_recovered(released)
+
+    def check_recovered(self, released: int) -> None:
+        engine = self.engine
+        seq = engine.appended_seq
+        appended = self.model.appended_seq
+        if not released <= seq <= appended:
+            raise Violation(
+                f"recovered up to seq {seq}; released {released}, appended {appended}"
+                + (" (an acknowledged record was lost)" if seq < released else "")
+            )
+        if engine.durable_seq != seq:
+            raise Violation(f"recovered durable seq {engine.durable_seq} != appended {seq}")
+        self.stats["kept_in_doubt"] += seq > released
+        self.stats["lost_in_doubt"] += seq < appended
+        self.stats["truncated"] += engine.recovery_report.truncated is not None
+        self.model.recovered(seq)
+        self.written_seq = self.synced_seq = seq
+        try:
+            check_invariants(engine.state)
+        except InvariantViolation as exc:
+            raise Violation(f"invariant broken after recovery: {exc}") from exc
+        difference = _first_difference(observe_core(engine.state), self.model.live.observe())
+        if difference is not None:
+            raise Violation(f"recovered state differs from the model at seq {seq}: {difference}")
+        tmp = [n for n in self.fs.listdir(SNAP_DIR) if n.endswith(".tmp")]
+        if tmp:
+            raise Violation(f"snapshot temp files left after recovery: {tmp}")
+        self.result.cycles += 1
+
+    # -- faults --------------------------------------------------------------
+
+    def cycle(self) -> None:
+        rng = self.rng
+        fault = rng.choices(
+            ("between", "op", "point", "error", "full", "flip_segment", "flip_snapshot"),
+            weights=(20, 35, 20, 10, 5, 6, 4),
+        )[0]
+        self.stats[f"fault_{fault}"] += 1
+        if fault == "between":
+            for _ in range(rng.randrange(0, 8)):
+                self.step()
+            self.restart(power_loss=rng.random() < 0.6, tear=rng.random() < 0.5)
+        elif fault == "op":
+            self.crasher.arm_ops(rng.randrange(1, 80))
+            if self.run_until_crash(300):
+                op = (self.crasher.killed_at or "? ?").split(" ")[1]
+                self.stats[f"died_before_{op}"] += 1
+            self.restart(power_loss=rng.random() < 0.6, tear=rng.random() < 0.5)
+        elif fault == "point":
+            point = rng.choice(HOOK_POINTS)
+            self.crasher.arm_point(point, rng.randrange(1, 4))
+            if self.run_until_crash(60):
+                self.stats[f"died_at_{point}"] += 1
+            self.restart(power_loss=rng.random() < 0.6, tear=rng.random() < 0.5)
+        elif fault in ("error", "full"):
+            self.disk_error(full=fault == "full")
+        elif fault == "flip_segment":
+            self.flip_segment()
+        else:
+            self.flip_snapshot()
+
+    def disk_error(self, *, full: bool) -> None:
+        rng = self.rng
+        for _ in range(rng.randrange(0, 4)):
+            self.step()
+        if full:
+            used = sum(len(d) for d in self.fs.durable_files().values())
+            self.fs.capacity_bytes = used + rng.randrange(500, 20_000)
+            expected_errno = errno.ENOSPC
+        else:
+            sync_op = "fdatasync" if self.options.persist_mode == "sync_data" else "fsync"
+            op = rng.choice(("write", sync_op))
+            expected_errno = rng.choice((errno.EIO, errno.ENOSPC))
+            self.fs.fail(op, expected_errno, path_contains="/wal/", times=1)
+        self.fs.record_ops = True
+        self.fs.ops.clear()
+        failed = False
+        for _ in range(400):
+            try:
+                self.step()
+            except StorageFailed:
+                if self.engine.failure is not None:
+                    failed = True
+                    break
+                # A snapshot that did not fit: reported, the log goes on.
+                self.stats["snapshot_failed"] += 1
+        self.fs.record_ops = False
+        if not failed:
+            # In buffer mode a sync fault may never be reached in 400 batches.
+            self.fs.clear_faults()
+            self.fs.capacity_bytes = None
+            self.restart(power_loss=rng.random() < 0.5, tear=True)
+            return
+        failure = self.engine.failure
+        if not isinstance(failure, OSError) or failure.errno != expected_errno:
+            raise Violation(f"engine failed with {failure!r}, expected errno {expected_errno}")
+        mark = len(self.fs.ops)
+        self.fs.record_ops = True
+        for attempt in (
+            lambda: self.engine.execute(Sweep(), self.now),
+            self.engine.flush,
+            self.engine.sync,
+        ):
+            try:
+                attempt()
+            except StorageFailed:
+                continue
+            raise Violation("a failed engine accepted more work")
+        self.fs.record_ops = False
+        later = [(op, path) for op, path in self.fs.ops[mark:] if op in DISK_OPS]
+        if later:
+            raise Violation(f"the failed engine touched the disk again: {later[:3]}")
+        self.stats["failed_for_good"] += 1
+        self.engine.close()
+        self.fs.clear_faults()
+        self.fs.capacity_bytes = None  # space is back
+        self.restart(power_loss=rng.random() < 0.5, tear=True)
+
+    def _quiesce(self) -> None:
+        """A clean stop: everything written and synced, then a fresh open."""
+        self.engine.close()
+        self.written_seq = self.engine.durable_seq
+        self._synced(self.written_seq)
+        self.engine = self._open()
+        self.check_recovered(self.synced_seq)
+
+    def flip_segment(self) -> None:
+        rng = self.rng
+        for _ in range(rng.randrange(2, 12)):
+            self.step()
+        self.engine.close()
+        self.written_seq = self.engine.durable_seq
+        self._synced(self.written_seq)
+        sealed = _segment_paths(self.fs)[:-1]
+        if not sealed:
+            self.engine = self._open()
+            self.check_recovered(self.synced_seq)
+            return
+        path = rng.choice(sealed)
+        data = self.fs.read(path)
+        offset = rng.randrange(len(data))
+        expected = _expected_refusal(data, offset)
+        self.fs.flip_bit(path, offset, 0)
+        try:
+            Engine.open(DATA_DIR, self.config, self.options, fs=self.fs)
+        except RecoveryError as exc:
+            where = (exc.path, exc.offset, exc.seq)
+            if where != (path, *expected) or "sepp-log verify" not in str(exc):
+                raise Violation(
+                    f"flipped bit at {path}:{offset}: refusal names {where}, expected "
+                    f"{(path, *expected)}: {exc}"
+                ) from exc
+        else:
+            raise Violation(f"a flipped bit in sealed segment {path} at {offset} was not noticed")
+        self.stats["refused_flipped_bit"] += 1
+        self.fs.flip_bit(path, offset, 0)  # the operator restores the file
+        self.engine = self._open()
+        self.check_recovered(self.synced_seq)
+
+    def flip_snapshot(self) -> None:
+        rng = self.rng
+        for _ in range(rng.randrange(2, 12)):
+            self.step()
+        self.engine.snapshot_now()
+        self.engine.close()
+        self.written_seq = self.engine.durable_seq
+        self._synced(self.written_seq)
+        snapshots = _snapshot_paths(self.fs)
+        if not snapshots:  # nothing logged yet, or nothing new since a damaged one
+            self.engine = self._open()
+            self.check_recovered(self.synced_seq)
+            return
+        path = rng.choice(snapshots)
+        data = self.fs.read(path)
+        offset = rng.randrange(len(data))
+        self.fs.flip_bit(path, offset, rng.randrange(8))
+        try:
+            self.engine = Engine.open(DATA_DIR, self.config, self.options, fs=self.fs)
+        except RecoveryError as exc:
+            # Acceptable only when nothing else covers the log's head.
+            first_log = min(
+                (parse_segment_file_name(p.rsplit("/", 1)[1]) or 0) for p in _segment_paths(self.fs)
+            )
+            others = [p for p in snapshots if p != path]
+            if first_log <= 1 or any(
+                (parse_snapshot_file_name(p.rsplit("/", 1)[1]) or 0) + 1 >= first_log
+                for p in others
+            ):
+                raise Violation(f"damaged snapshot {path} refused although covered: {exc}") from exc
+            if exc.path is None:
+                raise Violation(f"refusal does not name the file: {exc}") from exc
+            self.stats["refused_damaged_snapshot"] += 1
+            self.fs.put(path, data)  # the operator restores the file
+            self.engine = self._open()
+            self.check_recovered(self.synced_seq)
+            return
+        skipped = [p for p, _reason in self.engine.recovery_report.skipped_snapshots]
+        if skipped != [path] and path == snapshots[-1]:
+            raise Violation(f"damaged newest snapshot {path} was used (skipped: {skipped})")
+        self.stats["fell_back_from_snapshot"] += path in skipped
+        self.check_recovered(self.synced_seq)
+
+    def finish(self) -> None:
+        """A clean shutdown and restart keeps everything; commands go on after it."""
+        self._quiesce()
+        for _ in range(3):
+            self.step()
+        self._quiesce()
+
+
+def _expected_refusal(data: bytes, offset: int) -> tuple[int, int | None]:
+    """(offset, seq) a refusal must name for bit 0 of `data[offset]` flipped in a
+    sealed segment: the header (offset 0), or the record holding the byte."""
+    if offset < FILE_HEADER_BYTES:
+        return 0, None
+    first_seq = decode_segment_header(data).first_seq
+    records = [
+        item
+        for item in scan_records(data, start_offset=FILE_HEADER_BYTES, expected_seq=first_seq)
+        if type(item) is Record
+    ]
+    record = max((r for r in records if r.offset <= offset), key=lambda r: r.offset)
+    return record.offset, record.seq
+
+
+def run_seed(seed: int, *, cycles: int | None = None) -> SeedResult:
+    """One whole seeded run; never raises for a violation (it is in the result)."""
+    with _simulated_process():
+        return _run_seed(seed, cycles)
+
+
+def _run_seed(seed: int, cycles: int | None) -> SeedResult:
+    sim: Sim | None = None
+    try:
+        sim = Sim(seed)
+        for _ in range(cycles if cycles is not None else sim.rng.randrange(2, 7)):
+            sim.cycle()
+        sim.finish()
+        return sim.result
+    except Violation as exc:
+        result = sim.result if sim is not None else SeedResult(seed)
+        result.violation = str(exc)
+        return result
+    except (SimulatedCrash, StorageFailed, RecoveryError, OSError, AssertionError) as exc:
+        result = sim.result if sim is not None else SeedResult(seed)
+        result.violation = f"unexpected {type(exc).__name__}: {exc}"
+        return result
+
+
+# ---------------------------------------------------------------- many runs
+
+
+@dataclass
+class Summary:
+    seeds: int = 0
+    cycles: int = 0
+    operations: int = 0
+    failures: list[SeedResult] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    def add(self, result: SeedResult) -> None:
+        self.seeds += 1
+        self.cycles += result.cycles
+        self.operations += result.operations
+        self.stats.update(result.stats)
+        if result.violation is not None:
+            self.failures.append(result)
+
+
+@contextlib.contextmanager
+def _simulated_process() -> Iterator[None]:
+    """While a seed runs: a SimulatedCrash that ends the engine's snapshot thread
+    is the simulated process dying, not an error to report; and the storage's
+    "failed permanently" / "not published" log lines are expected."""
+    previous = threading.excepthook
+    storage_log = logging.getLogger("sepp.storage")
+    level = storage_log.level
+
+    def hook(args: Any) -> None:
+        if args.exc_type is not None and issubclass(args.exc_type, SimulatedCrash):
+            return
+        previous(args)
+
+    threading.excepthook = hook
+    storage_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
+        storage_log.setLevel(level)
+
+
+def _run_chunk(seeds: list[int]) -> Summary:
+    summary = Summary()
+    try:
+        for index, seed in enumerate(seeds):
+            summary.add(run_seed(seed))
+            if index % 50 == 49:
+                # Engine.open freezes the heap (gc.freeze); give old runs back.
+                gc.unfreeze()
+                gc.collect()
+    finally:
+        gc.unfreeze()
+    return summary
+
+
+def run_seeds(
+    seeds: Iterable[int], *, jobs: int = 1, on_progress: Callable[[Summary], None] | None = None
+) -> Summary:
+    seeds = list(seeds)
+    total = Summary()
+    chunk = 200
+    chunks = [seeds[i : i + chunk] for i in range(0, len(seeds), chunk)]
+    if jobs <= 1:
+        for part in chunks:
+            _merge(total, _run_chunk(part))
+            if on_progress is not None:
+                on_progress(total)
+        return total
+    context = multiprocessing.get_context("fork")
+    with context.Pool(jobs) as pool:
+        for summary in pool.imap(_run_chunk, chunks):
+            _merge(total, summary)
+            if on_progress is not None:
+                on_progress(total)
+    return total
+
+
+def _merge(total: Summary, part: Summary) -> None:
+    total.seeds += part.seeds
+    total.cycles += part.cycles
+    total.operations += part.operations
+    total.failures.extend(part.failures)
+    total.stats.update(part.stats)
+
+
+def replay_command(seed: int) -> str:
+    return f"SEPP_SEED={seed} python -m tools.sim --seeds 1"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.sim",
+        description="Seeded crash/restart simulation of sepp's storage against the reference model.",
+    )
+    parser.add_argument("--seeds", type=int, default=200, help="how many seeds to run")
+    parser.add_argument(
+        "--seed", type=int, help="first seed (default: $SEPP_SEED, else a random one)"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    if args.seed is not None:
+        first = args.seed
+    elif os.environ.get("SEPP_SEED"):
+        first = int(os.environ["SEPP_SEED"])
+    else:
+        first = random.SystemRandom().randrange(2**32)
+    print(f"sepp sim: seeds {first}..{first + args.seeds - 1} (SEPP_SEED={first})", flush=True)
+    started = time.monotonic()
+
+    def progress(summary: Summary) -> None:
+        if not args.quiet:
+            print(
+                f"  {summary.seeds} seeds, {summary.cycles} crash/restart cycles, "
+                f"{summary.operations} operations, {len(summary.failures)} violations "
+                f"({time.monotonic() - started:.0f}s)",
+                flush=True,
+            )
+
+    summary = run_seeds(range(first, first + args.seeds), jobs=args.jobs, on_progress=progress)
+    elapsed = time.monotonic() - started
+    for failure in summary.failures[:20]:
+        print(f"VIOLATION seed {failure.seed}: {failure.violation}", flush=True)
+        print(f"  replay: {replay_command(failure.seed)}", flush=True)
+    print(
+        f"sepp sim: {summary.seeds} seeds, {summary.cycles} crash/restart cycles survived, "
+        f"{summary.operations} operations checked, {len(summary.failures)} violations "
+        f"in {elapsed:.1f}s (SEPP_SEED={first})"
+    )
+    interesting = ", ".join(f"{k}={v}" for k, v in sorted(summary.stats.items()))
+    print(f"  coverage: {interesting}")
+    return 1 if summary.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
