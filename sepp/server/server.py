@@ -265,6 +265,15 @@ class SeppServer:
                 if self.storage_failure is None:
                     await asyncio.to_thread(engine.close, snapshot=True)
                     log.info("final snapshot at seq %d", engine.snapshot_seq)
+                flushes = engine.stats["flushes"]
+                log.info(
+                    "log writes since start: %d records, %d bytes in %d group commits "
+                    "(%.1f records per commit)",
+                    engine.stats["records"],
+                    engine.stats["bytes"],
+                    flushes,
+                    engine.stats["records"] / max(flushes, 1),
+                )
             except (StorageFailed, OSError) as exc:
                 log.error("shutdown: final snapshot failed: %s", exc)
                 self.exit_code = EXIT_STORAGE_FAILED
