@@ -25,7 +25,9 @@ Promises:
   segment's tail. A crash half-way leaves a directory that the same command, run
   again, finishes (every step is idempotent given the backup).
 - The server must be stopped: a running server appends to the segment being cut.
-  (sepp has no data-directory lock yet for this command to check.)
+  `lock_data_dir` takes the lock a server holds on `DATA_DIR/LOCK` (flock), so a
+  repair is refused while a server runs on the directory, and a server cannot start
+  on it while the repair changes it.
 
 Must not import: `sepp.server`, `sepp.client`.
 """
@@ -38,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 
 from log_format import FILE_HEADER_BYTES, Record, encode_segment_header, segment_file_name
+from sepp.storage.engine import LOCK_FILE
 from sepp.storage.fs import RealFileSystem
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
 from tools.datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile
@@ -45,7 +48,7 @@ from tools.output import UsageError
 from tools.segments import LogWalker, SegmentStart
 from tools.states import SnapshotError, load_snapshot_file
 
-__all__ = ["RepairPlan", "apply_repair", "default_backup_dir", "plan_repair"]
+__all__ = ["RepairPlan", "apply_repair", "default_backup_dir", "lock_data_dir", "plan_repair"]
 
 _FS = RealFileSystem()
 
@@ -204,6 +207,12 @@ def _check_recoverable(plan: RepairPlan) -> None:
         f"after the cut the log starts at seq {log_first} and no usable snapshot at or "
         f"before seq {plan.seq - 1} covers seqs 1..{log_first - 1}: recovery would still refuse",
     )
+
+
+def lock_data_dir(data_dir: DataDir) -> int:
+    """Hold the data directory's lock for the repair (release with `os.close`).
+    Raises `sepp.storage.fs.DataDirLocked` while a server runs on it."""
+    return _FS.lock(os.path.join(data_dir.root, LOCK_FILE))
 
 
 def default_backup_dir(data_dir: DataDir) -> str:

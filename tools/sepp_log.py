@@ -34,8 +34,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from sepp.storage.engine import LOCK_FILE
+from sepp.storage.fs import DataDirLocked
 from tools.audit import audit_jobs, emit_histories, emit_transitions, queue_transitions
-from tools.datadir import Problem, open_data_dir
+from tools.datadir import ERROR, Problem, open_data_dir
 from tools.dump import DumpFilter, EventLine, dump
 from tools.events import parse_types
 from tools.output import (
@@ -46,7 +48,7 @@ from tools.output import (
     format_time_ms,
     parse_time,
 )
-from tools.repair import apply_repair, default_backup_dir, plan_repair
+from tools.repair import apply_repair, default_backup_dir, lock_data_dir, plan_repair
 from tools.replay import (
     check_copy,
     check_target,
@@ -239,6 +241,14 @@ def _repair(args: argparse.Namespace) -> int:
     if plan.refusal is not None:
         errors(plan.refusal)
         return EXIT_PROBLEMS
+    # A running server appends to the log being cut: hold its lock while changing it.
+    lock = -1
+    if not args.dry_run and plan.changes_anything:
+        try:
+            lock = lock_data_dir(data_dir)
+        except DataDirLocked as exc:
+            errors(Problem(ERROR, "locked", LOCK_FILE, 0, None, f"{exc}: stop it first"))
+            return EXIT_PROBLEMS
     backup = args.backup_dir or default_backup_dir(data_dir)
     steps = plan.describe()
     header = (
@@ -260,7 +270,10 @@ def _repair(args: argparse.Namespace) -> int:
         out.note(("  would " if args.dry_run else "  ") + step)
     if args.dry_run or not plan.changes_anything:
         return EXIT_OK
-    done = apply_repair(plan, backup)
+    try:
+        done = apply_repair(plan, backup)
+    finally:
+        os.close(lock)
     out.emit(
         "repair-done",
         f"done; backup in {backup} (REPAIR.txt says how to undo). "

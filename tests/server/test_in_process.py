@@ -325,3 +325,25 @@ async def test_after_a_storage_failure_health_is_not_serving():
     conn.data_received(encode_frame(pm.encode_request(1, "health", {})))
     (response,) = transport.responses()
     assert response.body == {"status": "not_serving", "reason": "storage_failed"}
+
+
+# -- the sweep timer ----------------------------------------------------------------------
+
+
+async def test_the_sweep_timer_is_armed_for_the_next_lease_expiry_not_the_interval():
+    """With a one-minute sweep interval, a 300 ms lease still comes back: the timer
+    follows the next deadline (issue: redelivery within 100 ms of expiry). The
+    timer's target is checked exactly; no wall-clock bound is asserted."""
+    fs = FaultyFileSystem()
+    config = make_config(storage__sweep_interval_ms="60000")
+    async with running(config, fs) as server:
+        client = await connect(address(server))
+        (job_id,) = await client.enqueue_ids(job("q"))
+        (first,) = await client.reserve(["q"], lease_ms=300)
+        assert server._sweep_target == first["lease_expires_at_ms"]
+        # A parked reserve (10 s, far below the interval) gets the job back.
+        (second,) = await client.reserve(["q"], lease_ms=30_000, wait_ms=10_000)
+        assert (second["id"], second["attempt"]) == (job_id, 2)
+        # The next deadline is now the new lease's, and the timer follows it.
+        assert server._sweep_target == second["lease_expires_at_ms"]
+        client.assert_clean()

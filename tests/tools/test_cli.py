@@ -243,6 +243,29 @@ def test_repair_dry_run_changes_nothing_and_repair_does(tmp_path: Path, scripted
     assert sepp_log("verify", scripted.data_dir).returncode == 0
 
 
+def test_repair_is_refused_while_a_server_holds_the_data_directory(
+    tmp_path: Path, scripted: LiveLog
+) -> None:
+    from sepp.storage import RealFileSystem
+
+    path, record = locate(scripted.data_dir, 17)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 2)
+    before = sorted((p, p.stat().st_size) for p in scripted.data_dir.rglob("*") if p.is_file())
+    # What a running server holds: the flock on DATA_DIR/LOCK.
+    held = RealFileSystem().lock(str(scripted.data_dir / "LOCK"))
+    try:
+        refused = sepp_log("repair", scripted.data_dir, "--truncate-at", "17")
+    finally:
+        os.close(held)
+    assert refused.returncode == 1
+    assert refused.stdout == ""  # not even the plan: nothing will happen
+    assert refused.stderr.startswith("sepp-log repair: ERROR locked: LOCK offset 0: ")
+    assert refused.stderr.rstrip().endswith("(is a sepp server running?): stop it first")
+    after = sorted((p, p.stat().st_size) for p in scripted.data_dir.rglob("*") if p.is_file())
+    assert after == before  # nothing moved, cut or backed up
+    assert sepp_log("repair", scripted.data_dir, "--truncate-at", "17").returncode == 0
+
+
 def test_replay_into_writes_a_directory_and_says_so(tmp_path: Path, scripted: LiveLog) -> None:
     target = tmp_path / "restored"
     result = sepp_log("replay", scripted.data_dir, "--until-seq", "20", "--into", target)
