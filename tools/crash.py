@@ -550,14 +550,12 @@ class ServerProcess:
         if self.alive:
             assert self.proc is not None
             self.killed_by_us = True
-            self.kill_ms = wall_ms()
             self.proc.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         if self.alive:
             assert self.proc is not None
             self.killed_by_us = True
-            self.kill_ms = wall_ms()
             self.proc.send_signal(signal.SIGTERM)
 
     async def wait(self, timeout: float = 60.0) -> int:
@@ -567,8 +565,13 @@ class ServerProcess:
         except TimeoutError:
             self.proc.kill()
             code = await self.proc.wait()
-        if not self.kill_ms:
-            self.kill_ms = wall_ms()
+        # The latest moment the process could have acted: now, when it is known to be
+        # dead -- not when the signal was sent (a process keeps running, and may commit
+        # a lease expiry due a millisecond later, until the signal lands). The checks
+        # use it as an upper bound: "a lease that ended before the crash had a
+        # deadline no later than kill_ms". (Taking it before the signal made the 1,000
+        # crash soak of 2026-11-30 report 4 false violations from one kill.)
+        self.kill_ms = wall_ms()
         self.exit_code = code
         return code
 
