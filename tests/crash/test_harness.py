@@ -12,6 +12,8 @@ report with the command that reruns it. `-m soak` runs the long version.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tools.crash import HOOK_POINTS, HarnessOptions, Report, run_harness
@@ -86,3 +88,33 @@ def test_the_ledger_catches_an_ack_that_never_happened(
         "after an acknowledged ack" in v or "acknowledged ack was undone" in v
         for v in report.violations
     ), report.summary("")
+
+
+def test_the_kill_time_is_taken_once_the_server_is_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness's upper bound for "a lease that ended before the crash" is the
+    kill time: it must be read after the process is gone, not before the signal (a
+    server keeps committing until the signal lands). A counting clock makes the
+    order visible without timing anything."""
+    import asyncio
+    import itertools
+    import sys
+
+    import tools.crash as crash
+
+    ticks = itertools.count(1)
+    monkeypatch.setattr(crash, "wall_ms", lambda: next(ticks))
+
+    async def scenario() -> tuple[int, int]:
+        server = crash.ServerProcess(
+            sys.executable, str(tmp_path / "data"), str(tmp_path / "server.log"), {}
+        )
+        assert await server.start()
+        server.kill()
+        signalled = next(ticks)  # the clock's reading right after the signal
+        await server.wait()
+        return server.kill_ms, signalled
+
+    kill_ms, signalled = asyncio.run(scenario())
+    assert kill_ms > signalled

@@ -548,3 +548,33 @@ def test_forged_header_and_begin_record_disagreeing_is_refused(rng: Any) -> None
     with pytest.raises(SnapshotError) as info:
         load_snapshot(fs, forged, CONFIG)
     assert info.value.reason == "BEGIN last_seq disagrees with the header"
+
+
+def test_paced_retention_pauses_in_proportion_to_each_segment_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A forked snapshot's retention pauses between deletions (unlinking a 64 MiB
+    segment stalls the next fdatasync); a small segment pauses in proportion, so
+    hundreds of 4 KiB segments do not hold off the next snapshot for seconds."""
+    from sepp.storage import engine as engine_module
+
+    fs = FaultyFileSystem()
+    day = 86_400_000
+    options = inline_options(segment_bytes_max=4096, snapshots_kept=1, log_retention_ms=day)
+    engine = open_engine(fs, options)
+    for n in range(60):
+        engine.execute(enqueue_one(n, payload_bytes=200), T0 + n)
+        engine.flush()
+    engine.snapshot_now()  # covered, but not a day old: nothing deleted yet
+    sizes = [s.size for s in engine.segments]
+    assert len(sizes) > 3
+    engine.execute(enqueue_one(60, payload_bytes=200), T0 + 2 * day)  # a day later
+    engine.flush()
+    pauses: list[float] = []
+    monkeypatch.setattr(engine_module.time, "sleep", pauses.append)
+    removed = engine.apply_retention(pace_s=0.05)
+    deleted = len(removed)
+    assert deleted >= 3
+    scale = engine_module.RETENTION_PACE_BYTES
+    # No pause before the first deletion; then one per segment, by its size.
+    assert pauses == pytest.approx([0.05 * size / scale for size in sizes[1:deleted]])
