@@ -175,7 +175,14 @@ async def test_a_graceful_stop_leaves_a_snapshot_in_the_data_directory(server_fa
 
 
 async def test_a_graceful_stop_answers_every_command_it_applied(server_factory, queue_names):
-    server = server_factory(env={"SEPP_SERVER__MAX_IN_FLIGHT_PER_CONNECTION": "100000"})
+    # Neither back-pressure limit may answer first: a slow disk would otherwise
+    # fill the commit backlog and refuse with `overloaded` before the stop.
+    server = server_factory(
+        env={
+            "SEPP_SERVER__MAX_IN_FLIGHT_PER_CONNECTION": "100000",
+            "SEPP_STORAGE__COMMAND_QUEUE_CAPACITY": "100000",
+        }
+    )
     q = next(queue_names)
     client = await connect(server.address)
     sent = [client.next_id() for _ in range(20_000)]
