@@ -32,6 +32,12 @@ case of an operator re-running a command), median of --runs:
   memory (VmHWM from the child's /proc/self/status), next to the interpreter's own
   peak with the tools imported.
 
+Builds (--builds): verify, replay and the parts run once per build, the builds
+interleaved run by run: "pure" (SEPP_PURE=1, the sources) and "compiled" (the mypyc
+build of `python -m tools.compile`; README "Compiled build"). Both by default when
+the compiled build exists; each child reports the build it ran and a mismatch stops
+the benchmark. dump runs on the checkout's build.
+
 Target (issue): verify and replay >= 300,000 events/s; dump in constant memory.
 """
 
@@ -47,6 +53,7 @@ import tempfile
 from typing import Any
 
 from benchmarks.common import machine_line, median, print_table
+from log_format._compiled import build_name
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_EVENTS_PER_S = 300_000
@@ -262,19 +269,32 @@ def dump_peak(args: list[str]) -> dict[str, Any]:
     return {"seconds": float(seconds), "hwm_bytes": int(hwm_kb) * 1024}
 
 
-def _child(function: str, *args: Any) -> dict[str, Any]:
+def _child(function: str, *args: Any, build: str | None = None) -> dict[str, Any]:
+    """Run `function(*args)` in a fresh interpreter. `build`: "pure" runs the
+    sources (SEPP_PURE=1), "compiled" requires the compiled build; the child says
+    which build it ran, and a mismatch is an error, never a silent mislabel."""
     code = (
         "import json, sys; from benchmarks.bench_tools import *; "
-        f"print(json.dumps({function}(*json.loads(sys.argv[1]))))"
+        f"result = {function}(*json.loads(sys.argv[1])); "
+        "from log_format._compiled import running_build; "
+        "result['build'] = running_build(); "
+        "print(json.dumps(result))"
     )
+    env = dict(os.environ)
+    env.pop("SEPP_PURE", None)
+    if build == "pure":
+        env["SEPP_PURE"] = "1"
     out = subprocess.run(
         [sys.executable, "-c", code, json.dumps(args)],
         check=True,
         capture_output=True,
         text=True,
         cwd=REPO,
+        env=env,
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if build is not None and result["build"] != build:
+        raise SystemExit(f"asked for the {build} build, the child ran {result['build']}")
     return result
 
 
@@ -320,8 +340,18 @@ def main() -> None:
     parser.add_argument("--batched-jobs", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--work-dir", help="keep the generated logs here and reuse them")
+    parser.add_argument(
+        "--builds",
+        help="comma-separated: pure, compiled (default: both when the compiled build "
+        "exists -- python -m tools.compile -- else pure)",
+    )
     args = parser.parse_args()
+    default = "pure,compiled" if build_name() == "compiled" else "pure"
+    builds = (args.builds or default).split(",")
+    if set(builds) - {"pure", "compiled"}:
+        parser.error(f"--builds: unknown build in {args.builds!r}")
     print(machine_line())
+    print(f"builds: {', '.join(builds)} (checkout: {build_name()})")
     work = args.work_dir or tempfile.mkdtemp(prefix="sepp-bench-tools-")
     os.makedirs(work, exist_ok=True)
     rows: list[tuple[Any, ...]] = []
@@ -332,40 +362,42 @@ def main() -> None:
         ):
             path, _built = _log(work, name, builder, size_arg)
             log_bytes = _size_of(path)
+            # Builds interleaved run by run, so drift on a shared machine hits both.
             for command in ("verify", "replay"):
-                runs = [_child(f"measure_{command}", path) for _ in range(args.runs)]
-                rate = median([r["events"] / r["seconds"] for r in runs])
-                rows.append(
-                    (
-                        f"{name} ({runs[0]['records']:,} records, {runs[0]['events']:,} events, "
-                        f"{log_bytes / 2**20:.0f} MiB)",
-                        command,
-                        median([r["seconds"] for r in runs]),
-                        rate,
-                        "",
-                        "yes" if rate >= TARGET_EVENTS_PER_S else "NO",
+                by_build: dict[str, list[dict[str, Any]]] = {b: [] for b in builds}
+                for _ in range(args.runs):
+                    for b in builds:
+                        by_build[b].append(_child(f"measure_{command}", path, build=b))
+                for b, runs in by_build.items():
+                    rate = median([r["events"] / r["seconds"] for r in runs])
+                    rows.append(
+                        (
+                            f"{name} ({runs[0]['records']:,} records, "
+                            f"{runs[0]['events']:,} events, {log_bytes / 2**20:.0f} MiB)",
+                            b,
+                            command,
+                            median([r["seconds"] for r in runs]),
+                            rate,
+                            "",
+                            "yes" if rate >= TARGET_EVENTS_PER_S else "NO",
+                        )
                     )
-                )
-                print(rows[-1], flush=True)
-            parts = [_child("measure_parts", path) for _ in range(args.runs)]
-            events = parts[0]["events"]
-            for key, label in (
-                ("envelopes_s", "  part: ValidEnvelopes (checksums + decode)"),
-                ("check_run_s", "  part: check_run (+ catalogue, times)"),
-                ("replay_run_s", "  part: replay_run (+ apply)"),
-                ("replay_run_checks_s", "  part: replay_run with verify's checks"),
-            ):
-                rows.append(
-                    (
-                        name,
-                        label,
-                        median([p[key] for p in parts]),
-                        events / median([p[key] for p in parts]),
-                        "",
-                        "",
-                    )
-                )
-                print(rows[-1], flush=True)
+                    print(rows[-1], flush=True)
+            parts: dict[str, list[dict[str, Any]]] = {b: [] for b in builds}
+            for _ in range(args.runs):
+                for b in builds:
+                    parts[b].append(_child("measure_parts", path, build=b))
+            for b, measured in parts.items():
+                events = measured[0]["events"]
+                for key, label in (
+                    ("envelopes_s", "  part: ValidEnvelopes (checksums + decode)"),
+                    ("check_run_s", "  part: check_run (+ catalogue, times)"),
+                    ("replay_run_s", "  part: replay_run (+ apply)"),
+                    ("replay_run_checks_s", "  part: replay_run with verify's checks"),
+                ):
+                    seconds = median([p[key] for p in measured])
+                    rows.append((name, b, label, seconds, events / seconds, "", ""))
+                    print(rows[-1], flush=True)
 
         baseline = dump_peak([])
         for gigabytes in (args.size / 10, args.size) if args.size > 0 else ():
@@ -376,6 +408,7 @@ def main() -> None:
             rows.append(
                 (
                     f"big ({_size_of(path) / 2**30:.2f} GiB, {records:,} records)",
+                    build_name(),
                     "dump (human, to /dev/null)",
                     seconds,
                     records / seconds,
@@ -387,6 +420,7 @@ def main() -> None:
         rows.append(
             (
                 "(none)",
+                build_name(),
                 "python + tools imported",
                 "",
                 "",
@@ -399,7 +433,9 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(f"target: verify and replay >= {TARGET_EVENTS_PER_S:,} events/s; dump in constant memory")
-    print_table(["log", "measure", "median s", "events/s", "peak RSS MiB", "target met"], rows)
+    print_table(
+        ["log", "build", "measure", "median s", "events/s", "peak RSS MiB", "target met"], rows
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ particular nothing from `sepp` or `tools`, so the format can be read without the
 server.
 """
 
+# First: refuses a stale compiled build, honours SEPP_PURE (see _compiled.py).
+from log_format import _compiled  # noqa: F401
 from log_format.catalogue import (
     CATALOGUE,
     EVENT_SPECS_BY_TYPE,

@@ -8,9 +8,15 @@ loads the client (and asyncio) with it.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
+from log_format._compiled import guard as _guard
 from sepp._version import __version__
+
+# Before any compiled module of sepp loads: refuse a stale compiled build, honour
+# SEPP_PURE (log_format/_compiled.py).
+_guard("sepp", os.path.dirname(os.path.abspath(__file__)))
 
 if TYPE_CHECKING:
     from sepp.client import (

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from heapq import heappush
 from typing import Any
 
+from sepp.core.errors import ApplyError as ApplyError
 from sepp.core.events import (
     DeadLetterDrained,
     DeadLetterExpired,
@@ -41,13 +42,10 @@ from sepp.core.state import (
     SCHEDULED,
     DeadLetter,
     Job,
+    ReadyEntry,
     State,
     push_ready,
 )
-
-
-class ApplyError(RuntimeError):
-    """An event contradicts the state it is applied to: a bug or a corrupt log."""
 
 
 def _live(state: State, job_id: str, status: int, event: Any) -> Job:
@@ -128,7 +126,7 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
     )
     jobs[job_id] = job
     if run_at is None:
-        entry = (enqueued_at, order, job)
+        entry: ReadyEntry = (enqueued_at, order, job)
         job.entry = entry
         q.ready[priority].push(entry)
         q.ready_count += 1

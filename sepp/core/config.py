@@ -19,22 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sepp.core.errors import ConfigError as ConfigError
+
 RETRY_BACKOFF_NONE = "none"
 RETRY_BACKOFF_EXPONENTIAL = "exponential"
 
 # The 16-bit length prefix of the reference's on-disk keys; kept as the hard ceiling
 # so a config that works here also works there.
 QUEUE_NAME_BYTES_CEILING = 65535
-
-
-class ConfigError(ValueError):
-    """A setting is out of range or two settings contradict each other. `key`
-    names the offending setting (for example `queues.emails.retry_delay_ms`)."""
-
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(f"{key}: {problem}")
-        self.key = key
-        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 
+from sepp.core.errors import InvariantViolation as InvariantViolation
 from sepp.core.state import (
     DEAD,
     IN_FLIGHT,
@@ -19,10 +20,6 @@ from sepp.core.state import (
     SCHEDULED,
     State,
 )
-
-
-class InvariantViolation(AssertionError):
-    """The state broke one of its own rules: a bug, never an input error."""
 
 
 def _fail(message: str) -> None:

@@ -18,6 +18,7 @@ from heapq import heapify
 from typing import Any
 
 from sepp.core.config import CoreConfig
+from sepp.core.errors import SnapshotContentError as SnapshotContentError
 from sepp.core.state import (
     DEAD,
     IN_FLIGHT,
@@ -25,19 +26,18 @@ from sepp.core.state import (
     SCHEDULED,
     DeadLetter,
     Job,
+    ReadyEntry,
     State,
     job_fields,
 )
+from sepp.core.state import (
+    JOB_ROW_FIELDS as JOB_ROW_FIELDS,
+)
 
 SNAPSHOT_ROWS_VERSION = 1
-# A job row holds the Job's slots in order, all but `entry` (the in-memory index
-# handle, rebuilt on load): one source of truth for the layout.
-JOB_ROW_FIELDS: tuple[str, ...] = tuple(name for name in Job.__slots__ if name != "entry")
+# A job row holds `JOB_ROW_FIELDS` (sepp.core.state) in order: one source of truth
+# for the layout.
 DEAD_ROW_EXTRA_FIELDS = ("cause", "failed_at", "final_attempt", "dead_reason")
-
-
-class SnapshotContentError(ValueError):
-    """Snapshot rows that cannot form a state (wrong shape or contradictory)."""
 
 
 def export_meta(state: State) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class StateBuilder:
             if status == READY:
                 # Rows come in arrival order, which is ready order: the push lands
                 # every entry on its level's fifo without sorting.
-                entry = (job.enqueued_at, job.order, job)
+                entry: ReadyEntry = (job.enqueued_at, job.order, job)
                 job.entry = entry
                 q.ready[job.priority].push(entry)
                 q.ready_count += 1

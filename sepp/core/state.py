@@ -42,37 +42,42 @@ STATUS_NAMES = ("ready", "scheduled", "in_flight", "dead", "deleted")
 PRIORITY_LEVELS = 10
 
 
+# A job's stored fields, in `Job.__init__` order: the layout of a snapshot's job
+# row (`entry`, the in-memory index handle, is rebuilt on load). Spelled out
+# because a compiled `Job` has no `__slots__` to read it from.
+JOB_ROW_FIELDS = (
+    "job_id",
+    "queue",
+    "job_type",
+    "payload_data",
+    "payload_encoding",
+    "priority",
+    "max_attempts",
+    "enqueued_at",
+    "scheduled_at",
+    "idempotency_key",
+    "traceparent",
+    "tracestate",
+    "custom",
+    # Arrival number, unique in the state: breaks ties of enqueued_at (FIFO).
+    "order",
+    # Mutable part.
+    "attempt",
+    "status",
+    # SCHEDULED: when it becomes Ready. IN_FLIGHT: the lease deadline. Else 0.
+    "due_ms",
+    "worker_id",
+    "last_reason",
+)
+
+
 class Job:
     """One job. Mutable: `apply` changes its status, attempt and deadline in place
     (snapshots copy the whole state by forking, so nothing here needs to be
     persistent)."""
 
-    __slots__ = (
-        "job_id",
-        "queue",
-        "job_type",
-        "payload_data",
-        "payload_encoding",
-        "priority",
-        "max_attempts",
-        "enqueued_at",
-        "scheduled_at",
-        "idempotency_key",
-        "traceparent",
-        "tracestate",
-        "custom",
-        # Arrival number, unique in the state: breaks ties of enqueued_at (FIFO).
-        "order",
-        # Mutable part.
-        "attempt",
-        "status",
-        # SCHEDULED: when it becomes Ready. IN_FLIGHT: the lease deadline. Else 0.
-        "due_ms",
-        "worker_id",
-        "last_reason",
-        # READY: the ready-heap entry that currently stands for this job.
-        "entry",
-    )
+    # + entry: while READY, the ready-level entry that currently stands for this job.
+    __slots__ = (*JOB_ROW_FIELDS, "entry")
 
     def __init__(
         self,
@@ -115,7 +120,7 @@ class Job:
         self.due_ms = due_ms
         self.worker_id = worker_id
         self.last_reason = last_reason
-        self.entry: tuple[int, int, Job] | None = None
+        self.entry: ReadyEntry | None = None
 
     def view(self) -> JobView:
         return JobView(
@@ -160,7 +165,12 @@ class DeadLetter:
         )
 
 
-ReadyEntry = tuple[int, int, "Job"]  # (enqueued_at, order, job)
+# (enqueued_at, order, job). Typed as a variable-length tuple on purpose: the
+# lazy deletion of ready entries tests *identity* (`job.entry is entry`), and the
+# compiled build unboxes fixed-length tuple types into C structs, re-boxing a new
+# tuple at each use, so `is` would fail for live entries. Every place that makes
+# an entry annotates it with this type, so it is boxed exactly once.
+ReadyEntry = tuple[Any, ...]
 
 
 class ReadyLevel:
@@ -392,6 +402,6 @@ def job_fields(job: Job) -> list[Any]:
 
 
 def push_ready(q: QueueState, job: Job) -> None:
-    entry = (job.enqueued_at, job.order, job)
+    entry: ReadyEntry = (job.enqueued_at, job.order, job)
     job.entry = entry
     q.ready[job.priority].push(entry)

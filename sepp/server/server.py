@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
+from log_format._compiled import running_build
 from sepp._version import __version__ as SEPP_VERSION
 from sepp.core.commands import (
     RETRY_DEAD_LETTER,
@@ -64,6 +65,7 @@ from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_
 from sepp.storage import Engine, FileSystem, StorageFailed
 
 log = logging.getLogger("sepp.server")
+
 
 # Transport write-buffer marks: above HIGH the server stops reading requests from
 # that client until its responses drain below LOW (flow control for slow readers).
@@ -209,12 +211,13 @@ class SeppServer:
         self.address = (bound[0], bound[1])
         self._schedule_sweep()
         log.info(
-            "listening on %s:%d (%s, persist_mode=%s, auth=%s)",
+            "listening on %s:%d (%s, persist_mode=%s, auth=%s, build=%s)",
             self.address[0],
             self.address[1],
             "TLS" if tls else "plain TCP",
             engine.options.persist_mode,
             "off" if self._api_keys is None else f"{len(self._api_keys)} key(s)",
+            running_build(),
         )
         return self.address
 

@@ -28,6 +28,7 @@ from log_format import FormatError, ValidEnvelopes, decode_envelope
 from sepp.core.apply import APPLY_TABLE, ApplyError
 from sepp.core.events import EVENT_BY_TYPE, EventDecodeError, from_fields
 from sepp.core.state import State
+from sepp.storage.errors import ReplayError as ReplayError
 
 _new_tuple = tuple.__new__
 # type id -> (class, stored length = 2 + number of fields, version); replay's
@@ -37,10 +38,6 @@ _SHAPES: list[tuple[Any, int, int] | None] = [
 ]
 # What a malformed checksummed event raises on its way through the apply loop.
 _MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError)
-
-
-class ReplayError(ValueError):
-    """A checksummed record that cannot be replayed."""
 
 
 def _reason(exc: Exception) -> str:

@@ -411,5 +411,30 @@ def test_a_job_row_lists_the_job_fields_in_the_documented_order() -> None:
     from sepp.core.snapshot import JOB_ROW_FIELDS
     from sepp.core.state import Job, job_fields
 
-    job = Job(*[f"value-{i}" for i in range(len(JOB_ROW_FIELDS))])
-    assert job_fields(job) == [getattr(job, name) for name in JOB_ROW_FIELDS]
+    # A distinct value of the right type for every field (the compiled build
+    # checks types), passed by name: the names are `Job.__init__`'s, in row order.
+    values: dict[str, Any] = {
+        "job_id": "j",
+        "queue": "q",
+        "job_type": "t",
+        "payload_data": b"p",
+        "payload_encoding": "e",
+        "priority": 1,
+        "max_attempts": 2,
+        "enqueued_at": 3,
+        "scheduled_at": 4,
+        "idempotency_key": "k",
+        "traceparent": "tp",
+        "tracestate": "ts",
+        "custom": {"c": 0},
+        "order": 5,
+        "attempt": 6,
+        "status": 7,
+        "due_ms": 8,
+        "worker_id": "w",
+        "last_reason": "r",
+    }
+    assert tuple(values) == JOB_ROW_FIELDS
+    job = Job(**values)
+    assert job_fields(job) == list(values.values())
+    assert [getattr(job, name) for name in JOB_ROW_FIELDS] == list(values.values())

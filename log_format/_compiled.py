@@ -1,0 +1,159 @@
+"""The optional compiled build of this repository: which modules it compiles, which
+build a process is running, and the guards that keep a stale build from running.
+
+Owns: `COMPILED_MODULES` (the replay hot path: the modules `python -m tools.compile`
+compiles with mypyc into extension modules next to their sources), `PURE_ENV`,
+`guard(package)` and `build_name()`.
+
+Promises: a compiled module is only ever loaded when it was built from the source
+beside it. `guard(package)` — called by `log_format/__init__.py` and
+`sepp/__init__.py` before they import anything else — raises `StaleBuildError` when
+an extension module is older than its `.py` (the source changed after the build:
+the extension would run old code), and with `SEPP_PURE=1` in the environment it
+makes the package's compiled modules load from their `.py` sources instead, so the
+same checkout can run both builds (the benchmarks compare them that way).
+
+Why here: log_format is the lowest layer (it imports nothing from `sepp`), so both
+packages can use one implementation. It names `sepp` modules only as strings.
+
+Must not import: anything but the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+# Replay, verify and snapshot loading. Not compiled, on purpose: modules whose
+# functions validate arguments of the wrong type (compiled code checks declared
+# types itself, so a bool passed as an int would be converted before the check),
+# and modules whose classes subclass built-in exceptions or NamedTuple.
+COMPILED_MODULES: tuple[str, ...] = (
+    "log_format._bytes",
+    "log_format.crc",
+    "log_format.catalogue",
+    "log_format.fastpath",
+    "sepp.core.state",
+    "sepp.core.apply",
+    "sepp.core.snapshot",
+    "sepp.core.invariants",
+    "sepp.storage.replay",
+)
+# The support library mypyc builds for the group (importable as a package module,
+# so it is found wherever the package is).
+SHARED_LIBRARY = "sepp._native__mypyc"
+GROUP_NAME = "sepp._native"
+
+PURE_ENV = "SEPP_PURE"
+
+
+class StaleBuildError(ImportError):
+    """An extension module is older than its source."""
+
+
+def _pure_requested() -> bool:
+    return os.environ.get(PURE_ENV, "") not in ("", "0")
+
+
+def extension_paths(source: str) -> list[str]:
+    """The extension modules built for the module whose source is `source`."""
+    stem = source[: -len(".py")]
+    return [
+        stem + suffix
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        if os.path.exists(stem + suffix)
+    ]
+
+
+def _sources(package: str, package_dir: str) -> dict[str, str]:
+    prefix = package + "."
+    return {
+        name: os.path.join(package_dir, *name[len(prefix) :].split(".")) + ".py"
+        for name in COMPILED_MODULES
+        if name.startswith(prefix)
+    }
+
+
+class _SourceFirst:
+    """A meta-path finder that loads the named modules from their `.py` files."""
+
+    def __init__(self, sources: dict[str, str]) -> None:
+        self.sources = sources
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        source = self.sources.get(fullname)
+        if source is None:
+            return None
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def guard(package: str, package_dir: str) -> None:
+    """Refuse a stale build of `package`'s compiled modules; honour SEPP_PURE."""
+    sources = _sources(package, package_dir)
+    if _pure_requested():
+        sys.meta_path.insert(0, _SourceFirst(sources))
+        return
+    for name, source in sources.items():
+        for extension in extension_paths(source):
+            if os.path.getmtime(extension) < os.path.getmtime(source):
+                raise StaleBuildError(
+                    f"{extension} is older than {source}: the compiled build would run "
+                    "old code. Rebuild it (python -m tools.compile), remove it "
+                    f"(python -m tools.compile --clean) or set {PURE_ENV}=1 to run "
+                    f"the sources ({name})"
+                )
+
+
+def loaded_build() -> dict[str, str]:
+    """For each compiled-build module: "compiled", "pure", or "not loaded"."""
+    result = {}
+    for name in COMPILED_MODULES:
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None) or ""
+        if module is None:
+            result[name] = "not loaded"
+        elif file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            result[name] = "compiled"
+        else:
+            result[name] = "pure"
+    return result
+
+
+def running_build() -> str:
+    """How this process loaded the compiled-build modules it imported so far:
+    "compiled", "pure" or "mixed" (none imported yet: `build_name()`)."""
+    kinds = set(loaded_build().values()) - {"not loaded"}
+    if not kinds:
+        return build_name()
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def build_name() -> str:
+    """The build this process runs: "compiled", "pure" or "partial (k/n
+    compiled)" (for logs and benchmark headers)."""
+    if _pure_requested():
+        return "pure"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    count = 0
+    for name in COMPILED_MODULES:
+        package, _, _ = name.partition(".")
+        source = _sources(package, os.path.join(root, package))[name]
+        if extension_paths(source):
+            count += 1
+    if count == 0:
+        return "pure"
+    if count == len(COMPILED_MODULES):
+        return "compiled"
+    return f"partial ({count}/{len(COMPILED_MODULES)} compiled)"
+
+
+# log_format's own modules: guarded as soon as the package starts importing (its
+# __init__ imports this module first).
+guard("log_format", os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,107 @@
+"""The optional compiled build (log_format/_compiled.py, tools/compile.py): a stale
+extension never loads, SEPP_PURE=1 runs the sources, and a run can say which build
+it is. The guard tests use a fake package in a temporary directory, so they need no
+C compiler; CI also runs the core, format, storage and tools suites on a real
+compiled build (`.ci/run`), where the last test here checks that it really was one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import pytest
+
+from log_format._compiled import (
+    COMPILED_MODULES,
+    PURE_ENV,
+    StaleBuildError,
+    guard,
+    loaded_build,
+    running_build,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _fake_package(tmp_path: Path, source_mtime: float, extension_mtime: float) -> Path:
+    """`sepp/core/apply.py` and an extension module for it, with these mtimes."""
+    package = tmp_path / "sepp"
+    (package / "core").mkdir(parents=True)
+    source = package / "core" / "apply.py"
+    source.write_text("VALUE = 'source'\n")
+    extension = package / "core" / f"apply{EXTENSION_SUFFIXES[0]}"
+    extension.write_bytes(b"not really an extension")
+    os.utime(source, (source_mtime, source_mtime))
+    os.utime(extension, (extension_mtime, extension_mtime))
+    return package
+
+
+def test_an_extension_older_than_its_source_refuses_to_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PURE_ENV, raising=False)
+    package = _fake_package(tmp_path, source_mtime=2_000_000, extension_mtime=1_000_000)
+    with pytest.raises(StaleBuildError, match=r"apply.*older than.*apply\.py.*tools\.compile"):
+        guard("sepp", str(package))
+
+
+def test_an_extension_built_after_its_source_passes_the_guard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PURE_ENV, raising=False)
+    package = _fake_package(tmp_path, source_mtime=1_000_000, extension_mtime=2_000_000)
+    guard("sepp", str(package))  # no exception: a fresh build may load
+
+
+def test_pure_mode_loads_the_source_even_when_an_extension_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stale (and not even loadable) extension: SEPP_PURE=1 neither refuses it
+    # nor loads it; the module comes from the .py beside it.
+    monkeypatch.setenv(PURE_ENV, "1")
+    package = _fake_package(tmp_path, source_mtime=2_000_000, extension_mtime=1_000_000)
+    before = list(sys.meta_path)
+    guard("sepp", str(package))
+    finder = next(f for f in sys.meta_path if f not in before)
+    try:
+        spec = finder.find_spec("sepp.core.apply", None)
+        assert spec is not None and spec.origin == str(package / "core" / "apply.py")
+        assert finder.find_spec("sepp.core.decide", None) is None  # not a compiled module
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def test_a_child_with_sepp_pure_runs_every_module_from_source() -> None:
+    code = (
+        "import sepp.storage.replay, sepp.core.snapshot, sepp.core.invariants, "
+        "log_format.catalogue; "
+        "from log_format._compiled import loaded_build, running_build; "
+        "print(sorted(set(loaded_build().values())), running_build())"
+    )
+    env = {**os.environ, PURE_ENV: "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["['pure']", "pure"]
+
+
+def test_every_compiled_module_names_a_source_file() -> None:
+    for name in COMPILED_MODULES:
+        assert (REPO / Path(*name.split("."))).with_suffix(".py").is_file(), name
+
+
+def test_the_build_under_test_is_the_one_ci_asked_for() -> None:
+    """`.ci/run` sets SEPP_EXPECT_BUILD=compiled for its second pass, after
+    `python -m tools.compile`: that pass must really run the extension modules."""
+    expected = os.environ.get("SEPP_EXPECT_BUILD")
+    if expected is None:
+        pytest.skip("SEPP_EXPECT_BUILD not set (only CI's compiled pass sets it)")
+    import sepp.core.apply
+    import sepp.storage.replay  # noqa: F401
+
+    assert running_build() == expected, loaded_build()
+    assert set(loaded_build().values()) == {expected}, loaded_build()
