@@ -15,6 +15,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+from log_format._compiled import build_name
+
 
 def fsync_rate(directory: str | None = None, appends: int = 500) -> dict[str, float]:
     """Append a 4 KiB block and fdatasync it, `appends` times: median latency (us)
@@ -44,7 +46,7 @@ def machine_line() -> str:
     return (
         f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()} ({sys.implementation.name}), "
-        f"load avg {load[0]:.2f}"
+        f"load avg {load[0]:.2f}, sepp build {build_name()}"
     )
 
 

@@ -110,6 +110,7 @@ from log_format import (
     encode_record,
     parse_segment_file_name,
 )
+from log_format._compiled import build_name
 from sepp.client import (
     AttemptMismatchError,
     BatchValidationError,
@@ -1375,7 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
         keep=args.keep,
         verbose=args.verbose,
     )
-    print(f"sepp crash: {args.crashes} cycles, SEPP_SEED={seed}", flush=True)
+    print(f"sepp crash: {args.crashes} cycles, SEPP_SEED={seed}, build {build_name()}", flush=True)
     report = run_harness(options)
     flags = " ".join(
         f

@@ -77,6 +77,7 @@ from log_format import (
     parse_snapshot_file_name,
     scan_records,
 )
+from log_format._compiled import build_name
 from sepp.core import (
     RETRY_DEAD_LETTER,
     RETRY_DEFAULT,
@@ -849,7 +850,11 @@ def main(argv: list[str] | None = None) -> int:
         first = int(os.environ["SEPP_SEED"])
     else:
         first = random.SystemRandom().randrange(2**32)
-    print(f"sepp sim: seeds {first}..{first + args.seeds - 1} (SEPP_SEED={first})", flush=True)
+    print(
+        f"sepp sim: seeds {first}..{first + args.seeds - 1} (SEPP_SEED={first}), "
+        f"build {build_name()}",
+        flush=True,
+    )
     started = time.monotonic()
 
     def progress(summary: Summary) -> None:
