@@ -160,6 +160,8 @@ BASE_ENV = {
 START_TIMEOUT_S = 30.0
 # Producers pause while the ledger holds more unfinished jobs than this.
 BACKLOG_MAX = 600
+# Cycles between mid-run drains of every dead letter (Harness.drain_dead_letters).
+DRAIN_EVERY = 20
 RPC_TIMEOUT = timedelta(seconds=15)
 
 
@@ -183,6 +185,7 @@ class HarnessOptions:
     fuzz: bool = True  # a hostile connection alongside the workload
     disk_faults: bool = True  # torn tails and flipped bits between cycles
     final: bool = True  # end with the drain-everything phase and a graceful stop
+    drain_every: int = DRAIN_EVERY  # cycles between mid-run dead-letter drains (0: never)
     # Every cycle a crash at these hook points, in turn (tests of each point).
     only_points: tuple[str, ...] = ()
     workdir: str | None = None
@@ -326,6 +329,7 @@ class Ledger:
         self.check(rec.enq != "no", f"{where}: delivered, but its enqueue never happened")
         self.check(rec.acked != "ok", f"{where}: delivered again after an acknowledged ack")
         self.check(rec.dead != "ok", f"{where}: delivered after it was dead-lettered")
+        self.check(rec.dead != "drained", f"{where}: delivered after its dead letter was drained")
         self.check(
             ctx.max_attempts == rec.max_attempts,
             f"{where}: max_attempts {ctx.max_attempts}, enqueued with {rec.max_attempts}",
@@ -479,6 +483,36 @@ class Ledger:
         rec.acked = "no"
         rec.dead = "ok"
         rec.lease_until = 0
+
+    def drained(self, job_ids: list[str]) -> None:
+        """A complete drain of every queue's dead letters (nothing could crash it):
+        every job the ledger holds as a dead letter comes out, and nothing that
+        could not be one (a job may also have died since the last crash check, by
+        a lease lapsing on its final attempt or an in-doubt nack to the dead-letter
+        queue). Drained jobs leave the active set for good: one that comes back
+        after a crash is a violation."""
+        self.check(len(set(job_ids)) == len(job_ids), "drain returned a dead letter twice")
+        got = set(job_ids)
+        for tag in self.active:
+            rec = self.jobs[tag]
+            if rec.dead == "ok":
+                self.check(rec.job_id in got, f"{tag} ({rec.job_id}): dead letter not drained")
+        for job_id in got:
+            found = self.by_id.get(job_id)
+            if found is None or found.tag not in self.active:
+                self.violation(f"drained {job_id}, which the ledger holds as finished or unknown")
+                continue
+            could_die = found.dead in ("ok", "maybe") or (
+                found.lease_until and found.lease_attempt >= found.max_attempts
+            )
+            self.check(
+                bool(could_die) and found.acked != "ok",
+                f"{found.tag} ({job_id}): drained as a dead letter, but the ledger has it "
+                f"acked={found.acked} dead={found.dead} at attempt {found.lease_attempt}",
+            )
+            found.dead = "drained"
+            found.lease_until = 0
+            self.active.discard(found.tag)
 
     def expected_totals(self, state: State) -> dict[str, int]:
         totals: Counter[str] = Counter()
@@ -1105,6 +1139,9 @@ class Harness:
             self.check_directory(crashed.server.kill_ms or wall_ms())
             return
         await self.probe(server)
+        every = self.options.drain_every
+        if every and kind != "point" and index % every == every - 1:
+            await self.drain_dead_letters(server)
         duration = rng.uniform(0.3, 1.2) if self.options.fast else rng.uniform(0.5, 3.0)
         if self.options.only_points:
             duration = 30.0  # the point comes first; SIGKILL only if it never does
@@ -1228,6 +1265,25 @@ class Harness:
         self.state = result.state
         self.ledger.check_recovered(result.state, kill_ms)
 
+    async def drain_dead_letters(self, server: ServerProcess) -> None:
+        """Every DRAIN_EVERY cycles, before the workload starts and before any crash
+        is armed: drain all dead letters. Keeps a long soak's state (and so each
+        restart, replay and check) from growing without bound, and checks the drain:
+        complete, exact, and durable (no drained job may come back after a crash)."""
+        client = SeppClient(server.address, rpc_timeout=RPC_TIMEOUT)
+        drained: list[str] = []
+        try:
+            while batch := await client.drain_dead_letters(None, 256):
+                drained.extend(record.job_id for record in batch)
+        except SeppError as exc:
+            self.ledger.violation(f"draining the dead letters failed: {exc!r}")
+            return
+        finally:
+            await client.close()
+        self.ledger.drained(drained)
+        self.report.stats["dead_letter_drains"] += 1
+        self.report.stats["dead_letters_drained"] += len(drained)
+
     async def final(self) -> None:
         """Restart once more and work every job to its end: each is delivered (after
         its lease or schedule) with the predicted attempt and acked, or it dies as a
@@ -1239,7 +1295,9 @@ class Harness:
         ledger = self.ledger
         try:
             live = [
-                r for r in ledger.jobs.values() if r.seen and r.acked != "ok" and r.dead != "ok"
+                r
+                for r in ledger.jobs.values()
+                if r.seen and r.acked != "ok" and r.dead not in ("ok", "drained")
             ]
             # In flight on its final attempt: its lease lapses into a dead letter.
             dying = {r.tag for r in live if r.lease_until and r.lease_attempt >= r.max_attempts}
@@ -1357,6 +1415,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-disk-faults", action="store_true", help="no torn tails or bit flips")
     parser.add_argument("--workdir", help="keep data and logs here (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir even on success")
+    parser.add_argument(
+        "--drain-every",
+        type=int,
+        default=DRAIN_EVERY,
+        help=f"cycles between drains of every dead letter (default {DRAIN_EVERY}; 0: never)",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.seed is not None:
@@ -1372,6 +1436,7 @@ def main(argv: list[str] | None = None) -> int:
         points=not args.no_points,
         fuzz=not args.no_fuzz,
         disk_faults=not args.no_disk_faults,
+        drain_every=args.drain_every,
         workdir=args.workdir,
         keep=args.keep,
         verbose=args.verbose,
@@ -1385,6 +1450,7 @@ def main(argv: list[str] | None = None) -> int:
             ("--no-points", args.no_points),
             ("--no-fuzz", args.no_fuzz),
             ("--no-disk-faults", args.no_disk_faults),
+            (f"--drain-every {args.drain_every}", args.drain_every != DRAIN_EVERY),
         )
         if on
     )

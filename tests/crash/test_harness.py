@@ -58,6 +58,53 @@ def test_a_crash_at_each_storage_hook_point_loses_nothing_acknowledged(seed: int
     assert reached == set(HOOK_POINTS), report.stats
 
 
+def test_dead_letters_drained_between_crashes_stay_gone(seed: int) -> None:
+    # A drain every other cycle (no hook-point crashes, so every cycle may drain):
+    # each drain must be exact, and the crashes after it must not bring a drained
+    # job back; the final phase then accounts for everything else.
+    report = run_harness(
+        HarnessOptions(crashes=8, seed=seed, fast=True, points=False, fuzz=False, drain_every=2)
+    )
+    _assert_clean(report, "python -m tools.crash --crashes 8 --fast (drain_every=2)")
+    assert report.stats["dead_letter_drains"] == 4, report.stats
+
+
+def test_the_ledger_checks_a_drain_against_what_it_knows() -> None:
+    from tools.crash import JobRec, Ledger
+
+    def rec(tag: str, **state: object) -> JobRec:
+        r = JobRec(tag, "cq0", 0, False, None, 3, None, job_id=f"id-{tag}", enq="ok")
+        for name, value in state.items():
+            setattr(r, name, value)
+        return r
+
+    def ledger_with(*recs: JobRec) -> Ledger:
+        ledger = Ledger(Report(seed=0))
+        for r in recs:
+            ledger.add(r)
+            ledger.by_id[r.job_id or ""] = r
+        return ledger
+
+    dead, maybe, live = rec("d", dead="ok"), rec("m", dead="maybe"), rec("l")
+    dying = rec("x", lease_attempt=3, lease_until=10**15)
+
+    # Exact: the dead letter, an in-doubt nack that did happen, a final-attempt
+    # lease that lapsed since the last check.
+    ok = ledger_with(dead, maybe, live, dying)
+    ok.drained(["id-d", "id-m", "id-x"])
+    assert not ok.report.violations
+    assert ok.active == {"l"} and dead.dead == maybe.dead == dying.dead == "drained"
+
+    # A job that could not be a dead letter; a dead letter left behind; a job drained twice.
+    bad = ledger_with(rec("d", dead="ok"), rec("l"), rec("a", acked="ok", dead="maybe"))
+    bad.drained(["id-l", "id-a", "id-l"])
+    text = "\n".join(bad.report.violations)
+    assert "drained as a dead letter, but the ledger has it acked=no dead=no" in text
+    assert "acked=ok" in text
+    assert "dead letter not drained" in text
+    assert "drain returned a dead letter twice" in text
+
+
 @pytest.mark.soak
 def test_soak_a_thousand_sigkills(seed: int) -> None:
     report = run_harness(HarnessOptions(crashes=1_000, seed=seed))
