@@ -357,6 +357,35 @@ class Ledger:
         rec.extend_doubt = []
         return rec
 
+    def in_doubt(
+        self,
+        rec: JobRec,
+        choice: str,
+        *,
+        sent: int,
+        now: int,
+        lease_ms: int,
+        nack_delay: int,
+        nack_kills: bool,
+    ) -> None:
+        """An ack / nack / extend sent at `sent` whose answer was lost: what it may
+        have done, for the next crash check to decide. A job already finished for
+        sure (not active: its ack confirmed, or its dead letter drained while a
+        worker still held it) is left alone: the server can only have refused it."""
+        if rec.tag not in self.active:
+            return
+        if choice == "ack" and rec.acked != "ok":
+            rec.acked = "doubt"
+        if choice == "extend":
+            rec.extend_doubt.append((sent + lease_ms, now + lease_ms))
+            rec.next_min_t = min(rec.next_min_t, sent + lease_ms)
+            rec.lease_until = min(rec.lease_until, sent + lease_ms)
+        if choice.startswith("nack"):
+            rec.next_min_t = min(rec.next_min_t, sent + nack_delay)
+            rec.lease_until = 0
+            if nack_kills:
+                rec.dead = "maybe"
+
     def fenced(self, rec: JobRec, attempt: int, received: int, what: str) -> None:
         """An ack/nack/extend of `attempt` was refused (not_found / mismatch)."""
         self.check(
@@ -850,19 +879,16 @@ class Workload:
                 return
             ledger.outcome()
             self.h.report.stats[f"in_doubt_{choice}"] += 1
-            if choice == "ack" and rec.acked != "ok":
-                rec.acked = "doubt"
-            if choice == "extend":
-                lease = item.lease_ms
-                rec.extend_doubt.append((sent + lease, wall_ms() + lease))
-                rec.next_min_t = min(rec.next_min_t, sent + lease)
-                rec.lease_until = min(rec.lease_until, sent + lease)
-            if choice.startswith("nack"):
-                delay = self._nack_delay(item, choice)
-                rec.next_min_t = min(rec.next_min_t, sent + delay)
-                rec.lease_until = 0
-                if self._nack_kills(item, choice):
-                    rec.dead = "maybe"
+            nack = choice.startswith("nack")
+            ledger.in_doubt(
+                rec,
+                choice,
+                sent=sent,
+                now=wall_ms(),
+                lease_ms=item.lease_ms,
+                nack_delay=self._nack_delay(item, choice) if nack else 0,
+                nack_kills=nack and self._nack_kills(item, choice),
+            )
 
     def _nack_delay(self, item: Held, choice: str) -> int:
         if choice == "nack_delay":
@@ -1322,7 +1348,15 @@ class Harness:
                         rec.acked = "ok"
                         pending.discard(rec.tag)
             ledger.check(
-                not pending, f"never delivered again after the last restart: {sorted(pending)[:10]}"
+                not pending,
+                "never delivered again after the last restart: "
+                + ", ".join(
+                    f"{tag} (id {r.job_id}, acked={r.acked}, dead={r.dead}, "
+                    f"attempt {r.last_attempt}/{r.max_attempts}, "
+                    f"{'active' if tag in ledger.active else 'not active'})"
+                    for tag in sorted(pending)[:10]
+                    for r in (ledger.jobs[tag],)
+                ),
             )
             for tag in dying:
                 ledger.jobs[tag].dead = "ok"

@@ -95,6 +95,14 @@ def test_the_ledger_checks_a_drain_against_what_it_knows() -> None:
     assert not ok.report.violations
     assert ok.active == {"l"} and dead.dead == maybe.dead == dying.dead == "drained"
 
+    # A worker still holding a drained job sends a nack that dies with the server:
+    # the job stays drained (found by the 1,000-crash soak: the in-doubt nack used
+    # to mark it "maybe dead" again, and the final phase then waited for it).
+    ok.in_doubt(dead, "nack_dead", sent=1, now=2, lease_ms=100, nack_delay=0, nack_kills=True)
+    assert dead.dead == "drained"
+    ok.in_doubt(live, "nack_dead", sent=1, now=2, lease_ms=100, nack_delay=0, nack_kills=True)
+    assert live.dead == "maybe" and live.lease_until == 0
+
     # A job that could not be a dead letter; a dead letter left behind; a job drained twice.
     bad = ledger_with(rec("d", dead="ok"), rec("l"), rec("a", acked="ok", dead="maybe"))
     bad.drained(["id-l", "id-a", "id-l"])
