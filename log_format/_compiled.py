@@ -70,6 +70,15 @@ def extension_paths(source: str) -> list[str]:
     ]
 
 
+def stale_extensions(source: str) -> list[str]:
+    """The extension modules built for `source` that are older than it."""
+    return [
+        path
+        for path in extension_paths(source)
+        if os.path.getmtime(path) < os.path.getmtime(source)
+    ]
+
+
 def _sources(package: str, package_dir: str) -> dict[str, str]:
     prefix = package + "."
     return {
@@ -101,14 +110,14 @@ def guard(package: str, package_dir: str) -> None:
         sys.meta_path.insert(0, _SourceFirst(sources))
         return
     for name, source in sources.items():
-        for extension in extension_paths(source):
-            if os.path.getmtime(extension) < os.path.getmtime(source):
-                raise StaleBuildError(
-                    f"{extension} is older than {source}: the compiled build would run "
-                    "old code. Rebuild it (python -m tools.compile), remove it "
-                    f"(python -m tools.compile --clean) or set {PURE_ENV}=1 to run "
-                    f"the sources ({name})"
-                )
+        stale = stale_extensions(source)
+        if stale:
+            raise StaleBuildError(
+                f"{stale[0]} is older than {source}: the compiled build would run "
+                "old code. Rebuild it (python -m tools.compile), remove it "
+                f"(python -m tools.compile --clean) or set {PURE_ENV}=1 to run "
+                f"the sources ({name})"
+            )
 
 
 def loaded_build() -> dict[str, str]:

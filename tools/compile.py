@@ -34,6 +34,7 @@ from log_format._compiled import (
     GROUP_NAME,
     SHARED_LIBRARY,
     extension_paths,
+    stale_extensions,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,7 +106,7 @@ def status() -> str:
         built = extension_paths(source)
         if not built:
             rows.append((module, "pure"))
-        elif any(os.path.getmtime(path) < os.path.getmtime(source) for path in built):
+        elif stale_extensions(source):
             rows.append((module, "STALE (older than its source: refuses to load)"))
         else:
             rows.append((module, "compiled"))
