@@ -26,7 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import fsync_rate, machine_line, median, print_table
+from benchmarks.common import fsync_rate, machine_line, median, print_table, server_loop
+from sepp.server.loops import EVENT_LOOPS
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = [(1, 5_000), (8, 40_000), (64, 200_000), (256, 200_000)]
@@ -101,9 +102,17 @@ def loadgen(port: int, pin: bool, **options: Any) -> dict[str, Any]:
 
 
 def one_run(
-    mode: str, connections: int, jobs: int, pin: bool, batch: int = 1, latency: bool = True
+    mode: str,
+    connections: int,
+    jobs: int,
+    pin: bool,
+    batch: int = 1,
+    latency: bool = True,
+    loop: str | None = None,
 ) -> dict[str, Any]:
-    server = Server(mode, pin)
+    """One server, one load-generator run. `loop`: the server's event loop
+    (server.event_loop); None = whatever the environment says (default auto)."""
+    server = Server(mode, pin, None if loop is None else {"SEPP_SERVER__EVENT_LOOP": loop})
     try:
         phases = (
             ["enqueue"] if batch > 1 else ["enqueue", "drain"] + (["latency"] if latency else [])
@@ -136,6 +145,13 @@ def main() -> None:
         "--batch", type=int, default=0, help="also measure batch enqueue of this size"
     )
     parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument(
+        "--loops",
+        nargs="+",
+        choices=EVENT_LOOPS,
+        default=[None],
+        help="the server's event loop(s); several are measured side by side, runs interleaved",
+    )
     args = parser.parse_args()
     pin = not args.no_pin
 
@@ -149,7 +165,9 @@ def main() -> None:
     )
     rows = []
 
-    def add_row(label: str, mode: str, conns: int, results: list[dict[str, Any]]) -> None:
+    def add_row(
+        label: str, mode: str, conns: int, loop: str | None, results: list[dict[str, Any]]
+    ) -> None:
         def med(phase: str, key: str) -> float:
             return median([r[phase][key] for r in results if phase in r])
 
@@ -162,10 +180,20 @@ def main() -> None:
                     parts.append(f"{share:.0f}%" + ("!" if share >= 90 else ""))
             return " / ".join(parts)
 
+        def cpu_us() -> str:
+            # the server's CPU time per job in the enqueue / drain phase
+            parts = []
+            for phase in ("enqueue", "drain"):
+                if phase in results[0]:
+                    per_job = [r[phase]["server_cpu"] / r[phase]["jobs_per_s"] for r in results]
+                    parts.append(f"{median(per_job) * 1e6:.0f}")
+            return " / ".join(parts)
+
         rows.append(
             (
                 label,
                 mode,
+                server_loop(loop),
                 conns,
                 med("enqueue", "jobs_per_s"),
                 med("drain", "jobs_per_s") if "drain" in results[0] else "",
@@ -173,32 +201,38 @@ def main() -> None:
                 med("latency", "p99_ms") if "latency" in results[0] else "",
                 med("latency", "p999_ms") if "latency" in results[0] else "",
                 cpu("server_cpu"),
+                cpu_us(),
                 cpu("client_cpu"),
             )
         )
         print("  ", rows[-1], flush=True)
 
+    def measure(
+        label: str, mode: str, conns: int, jobs: int, batch: int = 1, latency: bool = True
+    ) -> None:
+        # With several loops, run index by run index so drift spreads over all of them.
+        results: dict[str | None, list[dict[str, Any]]] = {loop: [] for loop in args.loops}
+        for _ in range(args.runs):
+            for loop in args.loops:
+                run = one_run(mode, conns, jobs, pin, batch=batch, latency=latency, loop=loop)
+                results[loop].append(run)
+        for loop in args.loops:
+            add_row(label, mode, conns, loop, results[loop])
+
     for mode in args.modes:
-        results = [one_run(mode, args.connections, args.jobs, pin) for _ in range(args.runs)]
-        add_row(f"{args.connections}/{args.connections}", mode, args.connections, results)
+        measure(f"{args.connections}/{args.connections}", mode, args.connections, args.jobs)
     if args.sweep:
         for conns, jobs in SWEEP:
-            results = [
-                one_run("sync_data", conns, jobs, pin, latency=False) for _ in range(args.runs)
-            ]
-            add_row("sweep", "sync_data", conns, results)
+            measure("sweep", "sync_data", conns, jobs, latency=False)
     if args.batch:
         for mode in args.modes:
-            results = [
-                one_run(mode, args.connections, args.jobs, pin, batch=args.batch)
-                for _ in range(args.runs)
-            ]
-            add_row(f"batch {args.batch}", mode, args.connections, results)
+            measure(f"batch {args.batch}", mode, args.connections, args.jobs, batch=args.batch)
     print()
     print_table(
         [
             "run",
             "persist mode",
+            "server loop",
             "conns",
             "enqueue jobs/s",
             "drain jobs/s",
@@ -206,6 +240,7 @@ def main() -> None:
             "p99 ms",
             "p999 ms",
             "server CPU",
+            "server µs/job",
             "client CPU",
         ],
         rows,
@@ -213,7 +248,8 @@ def main() -> None:
     print(
         "(medians of",
         args.runs,
-        "runs; CPU = share of one core during the enqueue / drain phase; '!' = that side was >= 90% busy)",
+        "runs; CPU = share of one core during the enqueue / drain phase; '!' = that side was >= 90% busy;",
+        "server µs/job = the server's CPU time per job in those phases)",
     )
 
 

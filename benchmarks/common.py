@@ -7,6 +7,7 @@ machine it ran on and the command that reproduces it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -16,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from log_format._compiled import build_name
+from sepp.server.loops import resolve_event_loop
 
 
 def fsync_rate(directory: str | None = None, appends: int = 500) -> dict[str, float]:
@@ -46,8 +48,17 @@ def machine_line() -> str:
     return (
         f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()} ({sys.implementation.name}), "
-        f"load avg {load[0]:.2f}, sepp build {build_name()}"
+        f"load avg {load[0]:.2f}, sepp build {build_name()}, server loop {server_loop()}"
     )
+
+
+def server_loop(setting: str | None = None) -> str:
+    """The event loop `sepp serve` runs on with this setting (default: the
+    environment's SEPP_SERVER__EVENT_LOOP, else auto), with uvloop's version."""
+    if setting is None:
+        setting = os.environ.get("SEPP_SERVER__EVENT_LOOP", "auto")
+    name = resolve_event_loop(setting)
+    return f"uvloop {importlib.metadata.version('uvloop')}" if name == "uvloop" else name
 
 
 def median(values: Sequence[float]) -> float:

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_e2e
-from benchmarks.common import fsync_rate, machine_line, median
+from benchmarks.common import fsync_rate, machine_line, median, server_loop
 from benchmarks.peers.brokers import PEERS, Broker, DriverError, stop_all, taskset
+from log_format._compiled import build_name
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = Path(__file__).resolve().parent / "peers" / "install.sh"
@@ -74,6 +75,15 @@ class Row:
 
     def med(self, phase: str, key: str) -> float | None:
         values = [r[phase][key] for r in self.runs if phase in r and key in r[phase]]
+        return median(values) if values else None
+
+    def cpu_us(self, phase: str) -> float | None:
+        """The broker's CPU time per job in the phase (µs), median over runs."""
+        values = [
+            r[phase]["server_cpu"] / r[phase]["jobs_per_s"] * 1e6
+            for r in self.runs
+            if phase in r and r[phase].get("server_cpu") and r[phase].get("jobs_per_s")
+        ]
         return median(values) if values else None
 
     def spread(self, phase: str) -> tuple[float, float] | None:
@@ -225,6 +235,14 @@ def fmt_cpu(row: Row, side: str) -> str:
     return " / ".join(parts)
 
 
+def fmt_cpu_us(row: Row) -> str:
+    parts = []
+    for phase in ("enqueue", "drain"):
+        v = row.cpu_us(phase)
+        parts.append("-" if v is None else f"{v:.0f}")
+    return " / ".join(parts)
+
+
 def fmt_ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
@@ -259,7 +277,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def headline_table(rows: list[Row], ref: Row | None, ref_name: str) -> str:
     headers = [
         "broker", "mode", "enqueue jobs/s", "drain jobs/s", "p50 ms", "p99 ms", "p999 ms",
-        "broker CPU enq/drain", "driver CPU enq/drain", f"{ref_name}/peer enq", f"{ref_name}/peer drain", "runs",
+        "broker CPU enq/drain", "broker µs/job enq/drain", "driver CPU enq/drain",
+        f"{ref_name}/peer enq", f"{ref_name}/peer drain", "runs",
     ]  # fmt: skip
     body = []
     ref_enq = ref.med("enqueue", "jobs_per_s") if ref else None
@@ -267,7 +286,21 @@ def headline_table(rows: list[Row], ref: Row | None, ref_name: str) -> str:
     for row in rows:
         if not row.runs:
             body.append(
-                [row.broker, row.setting, "error", "error", "-", "-", "-", "-", "-", "-", "-", "0"]
+                [
+                    row.broker,
+                    row.setting,
+                    "error",
+                    "error",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "0",
+                ]
             )
             continue
         enq, drn = row.med("enqueue", "jobs_per_s"), row.med("drain", "jobs_per_s")
@@ -288,13 +321,14 @@ def headline_table(rows: list[Row], ref: Row | None, ref_name: str) -> str:
                 fmt_ms(row.med("latency", "p99_ms")),
                 fmt_ms(row.med("latency", "p999_ms")),
                 fmt_cpu(row, "server_cpu"),
+                fmt_cpu_us(row),
                 fmt_cpu(row, "client_cpu"),
                 "—" if row is ref else fmt_ratio(ratio(ref_enq, enq)),
                 "—" if row is ref else fmt_ratio(ratio(ref_drn, drn)),
                 str(len(row.runs)) + (f" ({len(row.errors)} failed)" if row.errors else ""),
             ]
         )
-    return md_table(headers, body, right=set(range(2, 12)))
+    return md_table(headers, body, right=set(range(2, 13)))
 
 
 def sweep_table(rows: list[Row]) -> str:
@@ -404,7 +438,7 @@ CSV_FIELDS = [
     "section", "broker", "mode", "setting", "connections", "jobs", "runs", "failed_runs",
     "enqueue_jobs_s", "enqueue_min", "enqueue_max", "drain_jobs_s", "drain_min", "drain_max",
     "p50_ms", "p99_ms", "p999_ms", "broker_cpu_enqueue", "broker_cpu_drain",
-    "driver_cpu_enqueue", "driver_cpu_drain", "ratio_sepp_enqueue", "ratio_sepp_drain", "ratio_reference",
+    "broker_cpu_us_per_job_enqueue", "broker_cpu_us_per_job_drain", "driver_cpu_enqueue", "driver_cpu_drain", "ratio_sepp_enqueue", "ratio_sepp_drain", "ratio_reference",
 ]  # fmt: skip
 
 
@@ -437,6 +471,8 @@ def csv_rows(
                 "p999_ms": r.med("latency", "p999_ms"),
                 "broker_cpu_enqueue": r.med("enqueue", "server_cpu"),
                 "broker_cpu_drain": r.med("drain", "server_cpu"),
+                "broker_cpu_us_per_job_enqueue": r.cpu_us("enqueue"),
+                "broker_cpu_us_per_job_drain": r.cpu_us("drain"),
                 "driver_cpu_enqueue": r.med("enqueue", "client_cpu"),
                 "driver_cpu_drain": r.med("drain", "client_cpu"),
                 "ratio_sepp_enqueue": ratio(ref.med("enqueue", "jobs_per_s"), enq) if ref else None,
@@ -520,7 +556,7 @@ def versions(keys: list[str]) -> list[str]:
     out = []
     if "sepp" in keys:
         out.append(
-            f"sepp {pkg_version('sepp')} (python {platform.python_version()}, SEPP_LOOP={os.environ.get('SEPP_LOOP', 'asyncio')}), msgpack {pkg_version('msgpack')}"
+            f"sepp {pkg_version('sepp')} (python {platform.python_version()}, event loop {server_loop()}, build {build_name()}), msgpack {pkg_version('msgpack')}"
         )
     for key in keys:
         if key != "sepp":

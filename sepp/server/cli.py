@@ -25,6 +25,7 @@ from sepp._version import __version__
 from sepp.core.config import ConfigError
 from sepp.server.config import example_config, load_config
 from sepp.server.logs import setup_logging
+from sepp.server.loops import resolve_event_loop, run_on
 from sepp.storage import PERSIST_MODES, RecoveryError
 
 log = logging.getLogger("sepp.server")
@@ -44,6 +45,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
         return 1
     setup_logging(config.get("logging", "level"), config.get("logging", "format"))
+    try:
+        loop_name = resolve_event_loop(config.get("server", "event_loop"))
+    except ConfigError as exc:
+        print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
+        return 1
 
     async def run() -> int:
         server = SeppServer(config)
@@ -63,10 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
         return await server.wait_stopped()
 
     try:
-        # uvloop was measured and gave no significant gain here (the time goes to
-        # the recv/send system calls and to Python work, not to the loop): the
-        # standard loop it is (benchmarks/README.md, optimisation log).
-        return asyncio.run(run())
+        return run_on(loop_name, run)
     except KeyboardInterrupt:  # pragma: no cover - signal handler normally wins
         return 0
 

@@ -28,6 +28,7 @@ from sepp.core.config import (
     QueuePolicy,
     validate_config,
 )
+from sepp.server.loops import EVENT_LOOPS
 from sepp.storage import PERSIST_MODES, StorageOptions
 
 DEFAULT_LISTEN = "127.0.0.1:7463"
@@ -69,6 +70,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "int", 64 * 1024 * 1024, "disconnect a client that stops reading past this", 65536
         ),
         "shutdown_grace_ms": Key("int", 10_000, "how long shutdown waits for in-flight work", 0),
+        "event_loop": Key(
+            "str",
+            "auto",
+            "auto | asyncio | uvloop (auto: uvloop when installed, pip install 'sepp[uvloop]')",
+            choices=EVENT_LOOPS,
+        ),
     },
     "auth": {
         "api_keys": Key(

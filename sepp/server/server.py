@@ -60,6 +60,7 @@ from sepp.server import gcpolicy
 from sepp.server.config import ServerConfig
 from sepp.server.faults import crash_hook_from_env
 from sepp.server.ids import JobIds
+from sepp.server.loops import loop_kind
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
 from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_view_body, new_job
 from sepp.storage import Engine, FileSystem, StorageFailed
@@ -211,13 +212,14 @@ class SeppServer:
         self.address = (bound[0], bound[1])
         self._schedule_sweep()
         log.info(
-            "listening on %s:%d (%s, persist_mode=%s, auth=%s, build=%s)",
+            "listening on %s:%d (%s, persist_mode=%s, auth=%s, build=%s, loop=%s)",
             self.address[0],
             self.address[1],
             "TLS" if tls else "plain TCP",
             engine.options.persist_mode,
             "off" if self._api_keys is None else f"{len(self._api_keys)} key(s)",
             running_build(),
+            loop_kind(self._loop),
         )
         return self.address
 

@@ -109,6 +109,7 @@ ENV_CASES = [
     ("SEPP_BOGUS__X", "1", "bogus.x"),
     ("SEPP_AUTH__API_KEYS", "[{name='a', key=''}]", "auth.api_keys[0]"),
     ("SEPP_SERVER__STRICT_QUEUES", "maybe", "server.strict_queues"),
+    ("SEPP_SERVER__EVENT_LOOP", "tokio", "server.event_loop"),
 ]
 
 
