@@ -311,18 +311,25 @@ class State:
 
     def next_deadline(self) -> int | None:
         """The earliest time at which a sweep would have something to do."""
-        candidates = []
+        # Runs after every command that changed the state: no list, no min().
+        best: int | None = None
         if self.scheduled:
-            candidates.append(self.scheduled[0][0])
+            best = self.scheduled[0][0]
         if self.leases:
-            candidates.append(self.leases[0][0])
+            at: int = self.leases[0][0]
+            if best is None or at < best:
+                best = at
         if self.dedup_expiry:
-            candidates.append(self.dedup_expiry[0][0])
-        retention = self.config.dead_letter_retention_ms
-        if self.dead and retention > 0:
-            oldest = next(iter(self.dead.values()))
-            candidates.append(oldest.failed_at + retention)
-        return min(candidates) if candidates else None
+            at = self.dedup_expiry[0][0]
+            if best is None or at < best:
+                best = at
+        if self.dead:
+            retention = self.config.dead_letter_retention_ms
+            if retention > 0:
+                at = next(iter(self.dead.values())).failed_at + retention
+                if best is None or at < best:
+                    best = at
+        return best
 
     def oldest_ready_enqueued_at(self, queue: str) -> int | None:
         q = self.queues.get(queue)

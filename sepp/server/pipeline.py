@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from sepp.core.commands import Command
 from sepp.core.decide import Decision
@@ -51,10 +52,11 @@ class CommitPipeline:
         self.backlog_max = backlog_max
         self._clock = clock
         self._last_now = engine.state.clock_ms
-        # (barrier, callback): callback(None) once durable, callback(error) if
-        # storage failed first. Plain callbacks, not futures: the server answers a
-        # request straight from `_release`, with no future and no extra loop turn.
-        self._waiters: deque[tuple[int, Callable[[BaseException | None], None]]] = deque()
+        # (barrier, callback, args): callback(None, *args) once durable,
+        # callback(error, *args) if storage failed first. Plain callbacks, not
+        # futures: the server answers a request straight from `_release`, with no
+        # future, no closure and no extra loop turn.
+        self._waiters: deque[tuple[int, Callable[..., None], tuple[Any, ...]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._committer: GroupCommitter | None = None
         self._durable_callbacks: list[Callable[[int], None]] = []
@@ -112,14 +114,14 @@ class CommitPipeline:
             )
         return self.engine.execute(command, self.now_ms())
 
-    def after_durable(self, barrier: int, callback: Callable[[BaseException | None], None]) -> None:
-        """Call `callback(None)` once `barrier` is durable (at once if it already
-        is), or `callback(error)` if storage fails first. Callbacks run on the loop
-        thread, in barrier order."""
+    def after_durable(self, barrier: int, callback: Callable[..., None], *args: Any) -> None:
+        """Call `callback(None, *args)` once `barrier` is durable (at once if it
+        already is), or `callback(error, *args)` if storage fails first. Callbacks
+        run on the loop thread, in barrier order."""
         if barrier <= self.engine.durable_seq:
-            callback(None)
+            callback(None, *args)
             return
-        self._waiters.append((barrier, callback))
+        self._waiters.append((barrier, callback, args))
         # Wake the flusher once per loop turn, after the turn has run every request
         # that arrived with it: waking it per command made it write a record or two
         # at a time (1.5 records per write in buffer mode, where no fsync holds it
@@ -176,7 +178,8 @@ class CommitPipeline:
     def _release(self, seq: int) -> None:
         waiters = self._waiters
         while waiters and waiters[0][0] <= seq:
-            waiters.popleft()[1](None)
+            _, callback, args = waiters.popleft()
+            callback(None, *args)
         for callback in self._durable_callbacks:
             callback(seq)
 
@@ -185,7 +188,8 @@ class CommitPipeline:
             self.failure = exc
         error = exc if isinstance(exc, StorageFailed) else StorageFailed(str(exc))
         while self._waiters:
-            self._waiters.popleft()[1](error)
+            _, callback, args = self._waiters.popleft()
+            callback(error, *args)
         if self._on_failure is not None:
             self._on_failure(exc)
 

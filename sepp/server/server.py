@@ -338,7 +338,7 @@ class SeppServer:
     ) -> None:
         pipeline = self.pipeline
         assert pipeline is not None
-        pipeline.after_durable(barrier, lambda error: conn.send_after(error, frame, request_id))
+        pipeline.after_durable(barrier, conn.send_after, frame, request_id)
 
     # -- long polls ------------------------------------------------------------------
 
@@ -679,16 +679,13 @@ class ClientConnection(asyncio.Protocol):
                 reason=perr.REASON_STORAGE_FAILED,
             )
 
-    def _check_serving(self, request_id: int) -> bool:
-        if self.server.stopping:
-            self.error(
-                request_id,
-                perr.UNAVAILABLE,
-                "the server is shutting down",
-                reason=perr.REASON_SHUTTING_DOWN,
-            )
-            return False
-        return True
+    def _shutting_down(self, request_id: int) -> None:
+        self.error(
+            request_id,
+            perr.UNAVAILABLE,
+            "the server is shutting down",
+            reason=perr.REASON_SHUTTING_DOWN,
+        )
 
     def _finish(
         self,
@@ -756,8 +753,8 @@ class ClientConnection(asyncio.Protocol):
             self.reply(request_id, perr.OK, {"status": "serving"})
 
     def op_enqueue(self, request_id: int, body: pm.EnqueueBody) -> None:
-        if not self._check_serving(request_id):
-            return
+        if self.server.stopping:
+            return self._shutting_down(request_id)
         server = self.server
         ids = server.ids.take(len(body.jobs))
         jobs = tuple(map(new_job, ids, body.jobs))
@@ -765,8 +762,8 @@ class ClientConnection(asyncio.Protocol):
         self._finish(request_id, decision, barrier, enqueue_body)
 
     def op_reserve(self, request_id: int, body: pm.ReserveBody) -> None:
-        if not self._check_serving(request_id):
-            return
+        if self.server.stopping:
+            return self._shutting_down(request_id)
         server = self.server
         if body.wait_ms < 0:
             self.error(request_id, perr.INVALID_ARGUMENT, "wait_ms must be >= 0")
@@ -791,16 +788,16 @@ class ClientConnection(asyncio.Protocol):
         self._finish(request_id, decision, barrier, _reserve_body)
 
     def op_ack(self, request_id: int, body: pm.AckBody) -> None:
-        if not self._check_serving(request_id):
-            return
+        if self.server.stopping:
+            return self._shutting_down(request_id)
         decision, barrier = self.server.run(
             Ack(job_id=body.job_id, attempt=body.attempt, worker_id=body.worker_id)
         )
         self._finish(request_id, decision, barrier, _ack_body)
 
     def op_nack(self, request_id: int, body: pm.NackBody) -> None:
-        if not self._check_serving(request_id):
-            return
+        if self.server.stopping:
+            return self._shutting_down(request_id)
         retry = {pm.RETRY_DELAY: RETRY_DELAY, pm.RETRY_DEAD_LETTER: RETRY_DEAD_LETTER}.get(
             body.retry, "default"
         )
@@ -817,8 +814,8 @@ class ClientConnection(asyncio.Protocol):
         self._finish(request_id, decision, barrier, _nack_body)
 
     def op_extend(self, request_id: int, body: pm.ExtendBody) -> None:
-        if not self._check_serving(request_id):
-            return
+        if self.server.stopping:
+            return self._shutting_down(request_id)
         decision, barrier = self.server.run(
             Extend(
                 job_id=body.job_id,
@@ -830,8 +827,8 @@ class ClientConnection(asyncio.Protocol):
         self._finish(request_id, decision, barrier, _extend_body)
 
     def op_drain_dead_letters(self, request_id: int, body: pm.DrainBody) -> None:
-        if not self._check_serving(request_id):
-            return
+        if self.server.stopping:
+            return self._shutting_down(request_id)
         decision, barrier = self.server.run(
             DrainDeadLetters(queue=body.queue, max_records=body.max_records)
         )
