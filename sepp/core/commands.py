@@ -48,13 +48,17 @@ class NewJob(NamedTuple):
     invalid: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Enqueue:
-    """Store a batch of jobs. Best effort: each job succeeds or is rejected on its
-    own. Atomic: all jobs are stored or none is."""
-
+class _EnqueueFields(NamedTuple):
     jobs: tuple[NewJob, ...]
     atomic: bool = False
+
+
+class Enqueue(_EnqueueFields):
+    """Store a batch of jobs. Best effort: each job succeeds or is rejected on its
+    own. Atomic: all jobs are stored or none is. (A NamedTuple like the worker's
+    commands below: one is built per enqueue request.)"""
+
+    __slots__ = ()
 
     @property
     def kind(self) -> int:

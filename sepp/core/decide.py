@@ -92,7 +92,6 @@ from sepp.core.results import (
 )
 from sepp.core.state import (
     IN_FLIGHT,
-    PRIORITY_LEVELS,
     READY,
     SCHEDULED,
     Job,
@@ -182,10 +181,15 @@ def _fence(state: State, job_id: object, attempt: object) -> Job | CommandError:
     """The in-flight job a worker may act on, or the fencing error."""
     if not _is_int(attempt) or attempt < 1:  # type: ignore[operator]
         return InvalidArgument("attempt must be an integer >= 1")
-    jid = canonical_job_id(job_id)
-    if jid is None:
-        return InvalidArgument(f"job_id {job_id!r:.60} is not a canonical UUID")
-    job = state.jobs.get(jid)
+    # A live job's id is a key of state.jobs in canonical form: a hit needs no
+    # format check (the usual ack, nack or extend).
+    jid = job_id if type(job_id) is str else None
+    job = state.jobs.get(jid) if jid is not None else None
+    if job is None:
+        jid = canonical_job_id(job_id)
+        if jid is None:
+            return InvalidArgument(f"job_id {job_id!r:.60} is not a canonical UUID")
+        job = state.jobs.get(jid)
     if job is None or job.status != IN_FLIGHT:
         return NotFound(f"no in-flight job {jid}")
     if job.attempt != attempt:
@@ -494,20 +498,61 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
         return InvalidArgument(problem)
     want = min(cmd.max_jobs, limits.max_reserve_batch)
     deadline = now + min(cmd.lease_ms, lease_cap)
+    picked = _first_ready(state, queues) if want == 1 else _pick(state, queues, want, cmd.max_bytes)
+    if not picked:
+        return Decision((), now, ReserveResult(()), NOTHING_WOKEN)
+    worker_id = cmd.worker_id
+    # Positional tuples (JobReserved's field order: job_id, attempt,
+    # lease_expires_at, worker_id) and no generators for the usual single job:
+    # a reserve per request is the worker's hot path.
+    if len(picked) == 1:
+        job = picked[0]
+        events: tuple[Event, ...] = (
+            _new_tuple(JobReserved, (job.job_id, job.attempt, deadline, worker_id)),
+        )
+        views: tuple[JobView, ...] = (_delivery_view(job, deadline),)
+    else:
+        events = tuple(
+            _new_tuple(JobReserved, (job.job_id, job.attempt, deadline, worker_id))
+            for job in picked
+        )
+        views = tuple(_delivery_view(job, deadline) for job in picked)
+    return _new_tuple(Decision, (events, now, ReserveResult(views), NOTHING_WOKEN))
+
+
+def _first_ready(state: State, queues: tuple[str, ...]) -> list[Job]:
+    """The usual reserve (one job per request): the head of the highest non-empty
+    priority of the first queue that has one. A head is always valid (apply
+    prunes); one job is always delivered, whatever its size."""
+    known = state.queues
+    for name in queues:
+        q = known.get(name)
+        if q is None or q.ready_count == 0:
+            continue
+        for level in reversed(q.ready):  # highest priority first
+            if level.fifo or level.heap:
+                head = level.head()
+                if head is not None and head[2].entry is head:
+                    return [head[2]]
+    return []
+
+
+def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | None) -> list[Job]:
+    """Up to `want` Ready jobs from `queues` in the order given, each queue by
+    priority then age."""
     picked: list[Job] = []
     # A reply must fit in one frame: stop adding jobs once their payloads would
     # pass the cap (one job is always delivered, whatever its size).
-    bytes_left = cmd.max_bytes if cmd.max_bytes is not None else -1
+    bytes_left = max_bytes if max_bytes is not None else -1
     for name in dict.fromkeys(queues):
         q = state.queues.get(name)
         if q is None or q.ready_count == 0:
             continue
-        for prio in range(PRIORITY_LEVELS - 1, -1, -1):
-            level = q.ready[prio]
+        for level in reversed(q.ready):  # highest priority first
             if not level.fifo and not level.heap:
                 continue
             if want - len(picked) == 1:
-                # The common case: a head is always valid (apply prunes).
+                # A head is always valid (apply prunes).
                 head = level.head()
                 candidates: Iterator[Any] = iter(() if head is None else (head,))
             else:
@@ -519,46 +564,35 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
                 if bytes_left >= 0:
                     size = len(job.payload_data) if job.payload_data is not None else 0
                     if picked and size > bytes_left:
-                        want = len(picked)
-                        break
+                        return picked
                     bytes_left = max(0, bytes_left - size)
                 picked.append(job)
                 if len(picked) == want:
-                    break
-            if len(picked) == want:
-                break
-        if len(picked) == want:
-            break
-    if not picked:
-        return Decision((), now, ReserveResult(()), NOTHING_WOKEN)
-    worker_id = cmd.worker_id
-    events = tuple(
-        JobReserved(
-            job_id=job.job_id, attempt=job.attempt, lease_expires_at=deadline, worker_id=worker_id
-        )
-        for job in picked
-    )
-    views = tuple(_delivery_view(job, deadline) for job in picked)
-    return Decision(events, now, ReserveResult(views), NOTHING_WOKEN)
+                    return picked
+    return picked
 
 
 def _delivery_view(job: Job, lease_expires_at: int) -> JobView:
-    return JobView(
-        job.job_id,
-        job.queue,
-        job.job_type,
-        job.payload_data,
-        job.payload_encoding,
-        job.priority,
-        job.max_attempts,
-        job.attempt,
-        job.enqueued_at,
-        job.scheduled_at,
-        lease_expires_at,
-        job.traceparent,
-        job.tracestate,
-        dict(job.custom) if job.custom else None,
+    view: JobView = _new_tuple(
+        JobView,
+        (
+            job.job_id,
+            job.queue,
+            job.job_type,
+            job.payload_data,
+            job.payload_encoding,
+            job.priority,
+            job.max_attempts,
+            job.attempt,
+            job.enqueued_at,
+            job.scheduled_at,
+            lease_expires_at,
+            job.traceparent,
+            job.tracestate,
+            dict(job.custom) if job.custom else None,
+        ),
     )
+    return view
 
 
 # ---------------------------------------------------------------------------
@@ -572,8 +606,8 @@ def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
     job = _fence(state, cmd.job_id, cmd.attempt)
     if isinstance(job, CommandError):
         return job
-    event = JobAcked(job_id=job.job_id, attempt=job.attempt, worker_id=cmd.worker_id)
-    return Decision((event,), now, AckResult(job.job_id), NOTHING_WOKEN)
+    event = _new_tuple(JobAcked, (job.job_id, job.attempt, cmd.worker_id))
+    return _new_tuple(Decision, ((event,), now, AckResult(job.job_id), NOTHING_WOKEN))
 
 
 def retry_delay_ms(policy: QueuePolicy, job_id: str, attempt: int) -> int:

@@ -350,7 +350,30 @@ class ReserveBody(NamedTuple):
 
 
 def parse_reserve(body: dict[str, Any]) -> ReserveBody:
-    f = Fields(body)
+    get = body.get
+    queues, lease_ms, wait_ms = get("queues"), get("lease_ms"), get("wait_ms")
+    max_jobs, worker_id = get("max_jobs"), get("worker_id")
+    if (
+        type(queues) is list
+        and all(type(q) is str for q in queues)
+        and type(lease_ms) is int
+        and INT64_MIN <= lease_ms <= INT64_MAX
+        and (wait_ms is None or (type(wait_ms) is int and INT64_MIN <= wait_ms <= INT64_MAX))
+        and (max_jobs is None or (type(max_jobs) is int and INT64_MIN <= max_jobs <= INT64_MAX))
+        and (worker_id is None or type(worker_id) is str)
+    ):
+        # Every field well-typed (a reserve per request): no Fields round trip.
+        return _new_tuple(
+            ReserveBody,
+            (
+                queues,
+                lease_ms,
+                0 if wait_ms is None else wait_ms,
+                1 if max_jobs is None else max_jobs,
+                worker_id,
+            ),
+        )
+    f = Fields(body)  # a field has the wrong type: name it
     wait_ms = f.opt_int("wait_ms")
     max_jobs = f.opt_int("max_jobs")
     return ReserveBody(
@@ -369,7 +392,16 @@ class AckBody(NamedTuple):
 
 
 def parse_ack(body: dict[str, Any]) -> AckBody:
-    f = Fields(body)
+    get = body.get
+    job_id, attempt, worker_id = get("job_id"), get("attempt"), get("worker_id")
+    if (
+        type(job_id) is str
+        and type(attempt) is int
+        and INT64_MIN <= attempt <= INT64_MAX
+        and (worker_id is None or type(worker_id) is str)
+    ):
+        return _new_tuple(AckBody, (job_id, attempt, worker_id))  # an ack per request
+    f = Fields(body)  # a field has the wrong type: name it
     return AckBody(f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"))
 
 

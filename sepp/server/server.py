@@ -41,6 +41,7 @@ from sepp.core.commands import (
     Enqueue,
     Extend,
     Nack,
+    NewJob,
     Reserve,
     Sweep,
 )
@@ -66,6 +67,8 @@ from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_
 from sepp.storage import Engine, FileSystem, StorageFailed
 
 log = logging.getLogger("sepp.server")
+# Builds a NamedTuple from a tuple of its fields, without its Python-level __new__.
+_new_tuple = tuple.__new__
 
 
 # Transport write-buffer marks: above HIGH the server stops reading requests from
@@ -756,9 +759,12 @@ class ClientConnection(asyncio.Protocol):
         if self.server.stopping:
             return self._shutting_down(request_id)
         server = self.server
-        ids = server.ids.take(len(body.jobs))
-        jobs = tuple(map(new_job, ids, body.jobs))
-        decision, barrier = server.run(Enqueue(jobs=jobs, atomic=body.atomic))
+        wire_jobs = body.jobs
+        if len(wire_jobs) == 1:  # the usual enqueue: one job, no batch machinery
+            jobs: tuple[NewJob, ...] = (new_job(server.ids.next(), wire_jobs[0]),)
+        else:
+            jobs = tuple(map(new_job, server.ids.take(len(wire_jobs)), wire_jobs))
+        decision, barrier = server.run(_new_tuple(Enqueue, (jobs, body.atomic)))
         self._finish(request_id, decision, barrier, enqueue_body)
 
     def op_reserve(self, request_id: int, body: pm.ReserveBody) -> None:
@@ -768,14 +774,19 @@ class ClientConnection(asyncio.Protocol):
         if body.wait_ms < 0:
             self.error(request_id, perr.INVALID_ARGUMENT, "wait_ms must be >= 0")
             return
-        command = Reserve(
-            queues=tuple(body.queues),
-            lease_ms=body.lease_ms,
-            max_jobs=body.max_jobs,
-            # Keep the answer within one frame of the client's (= our) limit,
-            # leaving room for the envelope and job metadata.
-            max_bytes=server.reserve_payload_bytes_max,
-            worker_id=body.worker_id,
+        # Positional, in Reserve's field order (queues, lease_ms, max_jobs,
+        # worker_id, max_bytes): a reserve per request is the worker's hot path.
+        # max_bytes keeps the answer within one frame of the client's (= our)
+        # limit, leaving room for the envelope and job metadata.
+        command: Reserve = _new_tuple(
+            Reserve,
+            (
+                tuple(body.queues),
+                body.lease_ms,
+                body.max_jobs,
+                body.worker_id,
+                server.reserve_payload_bytes_max,
+            ),
         )
         decision, barrier = server.run(command)
         if type(decision) is Decision:
@@ -791,7 +802,7 @@ class ClientConnection(asyncio.Protocol):
         if self.server.stopping:
             return self._shutting_down(request_id)
         decision, barrier = self.server.run(
-            Ack(job_id=body.job_id, attempt=body.attempt, worker_id=body.worker_id)
+            _new_tuple(Ack, (body.job_id, body.attempt, body.worker_id))
         )
         self._finish(request_id, decision, barrier, _ack_body)
 

@@ -211,3 +211,62 @@ def test_any_body_parses_or_raises_protocol_error(request_id: int, op: str, body
 def test_any_response_decodes_or_raises_violation(value: object) -> None:
     with contextlib.suppress(ProtocolViolation):
         decode_response(msgpack.packb(value, use_bin_type=True))
+
+
+# -- the hot parsers' fast paths agree with the field-by-field checks ----------------
+
+
+def _field_by_field_reserve(body: dict) -> pm.ReserveBody:
+    f = pm.Fields(body)
+    wait_ms = f.opt_int("wait_ms")
+    max_jobs = f.opt_int("max_jobs")
+    return pm.ReserveBody(
+        f.str_list("queues"),
+        f.integer("lease_ms"),
+        0 if wait_ms is None else wait_ms,
+        1 if max_jobs is None else max_jobs,
+        f.opt_str("worker_id"),
+    )
+
+
+def _field_by_field_ack(body: dict) -> pm.AckBody:
+    f = pm.Fields(body)
+    return pm.AckBody(f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"))
+
+
+def _outcome(parse, body: dict) -> object:
+    try:
+        return ("ok", parse(body), [type(v) for v in parse(body)])
+    except ProtocolError as exc:
+        return ("error", exc.message)
+
+
+# Values near each field's type: well-typed ones (so the fast path is taken) mixed
+# with the wrong types and out-of-range integers that must fall back to the checks.
+_near_int = st.integers(-(2**63), 2**63 - 1) | st.integers(2**63, 2**64 - 1) | st.booleans()
+_near = _near_int | st.none() | st.text(max_size=4) | st.floats(allow_nan=False)
+_near_strs = st.lists(st.text(max_size=4), max_size=3) | st.lists(_near, max_size=3)
+
+
+def _body(fields: dict[str, st.SearchStrategy]) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+@given(
+    _body(
+        {
+            "queues": _near_strs | _near,
+            "lease_ms": _near,
+            "wait_ms": _near,
+            "max_jobs": _near,
+            "worker_id": _near,
+        }
+    )
+)
+def test_parse_reserve_equals_the_field_by_field_checks(body: dict) -> None:
+    assert _outcome(pm.parse_reserve, body) == _outcome(_field_by_field_reserve, body)
+
+
+@given(_body({"job_id": _near, "attempt": _near, "worker_id": _near}))
+def test_parse_ack_equals_the_field_by_field_checks(body: dict) -> None:
+    assert _outcome(pm.parse_ack, body) == _outcome(_field_by_field_ack, body)
