@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sepp.core.commands import NewJob
+from sepp.core.commands import Ack, Enqueue, NewJob, Reserve
 from sepp.protocol.errors import ProtocolError
 from sepp.protocol.messages import WireJob, parse_job
 from sepp.server.wire import new_job
@@ -50,3 +50,11 @@ def test_a_malformed_job_becomes_an_invalid_command_in_its_place() -> None:
         "00000000-0000-4000-8000-000000000000", ProtocolError("job.queue must be a string")
     )
     assert job.invalid == "job.queue must be a string"
+
+
+def test_the_commands_the_server_builds_positionally_keep_their_field_order() -> None:
+    # op_enqueue / op_reserve / op_ack build these with tuple.__new__ (the hot path):
+    # a reordered field would pass a value to the wrong name without an error.
+    assert Enqueue._fields == ("jobs", "atomic")
+    assert Reserve._fields == ("queues", "lease_ms", "max_jobs", "worker_id", "max_bytes")
+    assert Ack._fields == ("job_id", "attempt", "worker_id")
