@@ -510,13 +510,13 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
         events: tuple[Event, ...] = (
             _new_tuple(JobReserved, (job.job_id, job.attempt, deadline, worker_id)),
         )
-        views: tuple[JobView, ...] = (_delivery_view(job, deadline),)
+        views: tuple[JobView, ...] = (job.view(deadline),)
     else:
         events = tuple(
             _new_tuple(JobReserved, (job.job_id, job.attempt, deadline, worker_id))
             for job in picked
         )
-        views = tuple(_delivery_view(job, deadline) for job in picked)
+        views = tuple(job.view(deadline) for job in picked)
     return _new_tuple(Decision, (events, now, ReserveResult(views), NOTHING_WOKEN))
 
 
@@ -570,29 +570,6 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
                 if len(picked) == want:
                     return picked
     return picked
-
-
-def _delivery_view(job: Job, lease_expires_at: int) -> JobView:
-    view: JobView = _new_tuple(
-        JobView,
-        (
-            job.job_id,
-            job.queue,
-            job.job_type,
-            job.payload_data,
-            job.payload_encoding,
-            job.priority,
-            job.max_attempts,
-            job.attempt,
-            job.enqueued_at,
-            job.scheduled_at,
-            lease_expires_at,
-            job.traceparent,
-            job.tracestate,
-            dict(job.custom) if job.custom else None,
-        ),
-    )
-    return view
 
 
 # ---------------------------------------------------------------------------

@@ -122,23 +122,33 @@ class Job:
         self.last_reason = last_reason
         self.entry: ReadyEntry | None = None
 
-    def view(self) -> JobView:
-        return JobView(
-            self.job_id,
-            self.queue,
-            self.job_type,
-            self.payload_data,
-            self.payload_encoding,
-            self.priority,
-            self.max_attempts,
-            self.attempt,
-            self.enqueued_at,
-            self.scheduled_at,
-            self.due_ms if self.status == IN_FLIGHT else None,
-            self.traceparent,
-            self.tracestate,
-            dict(self.custom) if self.custom else None,
+    def view(self, lease_expires_at: int | None = None) -> JobView:
+        """The job as a worker or an operator sees it. `lease_expires_at`: the lease
+        of a delivery being decided (the job is not In-flight yet); by default the
+        current lease, if any."""
+        if lease_expires_at is None and self.status == IN_FLIGHT:
+            lease_expires_at = self.due_ms
+        # Positional, in JobView's field order (one per delivered job: hot path).
+        view: JobView = tuple.__new__(
+            JobView,
+            (
+                self.job_id,
+                self.queue,
+                self.job_type,
+                self.payload_data,
+                self.payload_encoding,
+                self.priority,
+                self.max_attempts,
+                self.attempt,
+                self.enqueued_at,
+                self.scheduled_at,
+                lease_expires_at,
+                self.traceparent,
+                self.tracestate,
+                dict(self.custom) if self.custom else None,
+            ),
         )
+        return view
 
     def __repr__(self) -> str:
         return (
