@@ -1,0 +1,74 @@
+"""The benchmark scripts' own arithmetic and the in-process request benchmark: the
+numbers the closing notes quote come from these, so they are checked like code
+(the benchmarks themselves never run with the tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from benchmarks import bench_requests
+from benchmarks.common import server_loop
+from benchmarks.compare import Row, headline_table, verdicts
+from sepp.server import loops
+
+
+def _run(enqueue: float, drain: float, cpu: float) -> dict:
+    return {
+        "enqueue": {"jobs_per_s": enqueue, "server_cpu": cpu, "client_cpu": 0.5},
+        "drain": {"jobs_per_s": drain, "server_cpu": cpu, "client_cpu": 0.5},
+    }
+
+
+def _row(key: str, setting: str, runs: list[dict], per_op_fsync: bool = False) -> Row:
+    return Row("durable", key, key, "durable", setting, 50, 1000, per_op_fsync, runs)
+
+
+def test_cpu_per_job_is_the_median_over_runs_of_share_over_rate() -> None:
+    row = _row(
+        "sepp",
+        "sync_data",
+        [_run(20_000, 10_000, 0.9), _run(30_000, 10_000, 0.9), _run(10_000, 10_000, 0.5)],
+    )
+    # 0.9/20k = 45 us, 0.9/30k = 30 us, 0.5/10k = 50 us: the median is 45.
+    assert row.cpu_us("enqueue") == 45.0
+    assert row.cpu_us("drain") == 90.0
+    assert _row("x", "y", []).cpu_us("enqueue") is None
+
+
+def test_verdicts_compare_sepp_with_the_best_and_the_per_operation_fsync_peers() -> None:
+    rows = [
+        _row("sepp", "sync_data", [_run(28_000, 14_000, 0.9)]),
+        _row("bullmq", "always", [_run(20_000, 7_000, 0.7)]),
+        _row("beanstalkd", "-f 0", [_run(7_000, 5_000, 0.4)], per_op_fsync=True),
+    ]
+    lines = verdicts(rows)
+    assert lines[0].endswith("= 1.40x -> MET"), lines[0]  # 28k / 20k enqueue
+    assert lines[1].endswith("-> MET"), lines[1]  # 4.0x beanstalkd
+    assert lines[2].endswith("= 2.00x -> MET"), lines[2]  # drain vs BullMQ
+    assert "2.80x" in lines[3] and lines[3].endswith("-> MET"), lines[3]
+    rows[0] = _row("sepp", "sync_data", [_run(27_000, 12_000, 0.9)])
+    lines = verdicts(rows)
+    assert lines[0].endswith("NOT MET") and lines[3].endswith("NOT MET"), lines
+
+
+def test_the_headline_table_shows_cpu_per_job_and_ratios() -> None:
+    sepp = _row("sepp", "sync_data", [_run(20_000, 10_000, 0.9)])
+    peer = _row("beanstalkd", "-f 0", [_run(5_000, 4_000, 0.4)])
+    table = headline_table([sepp, peer], sepp, "sepp sync_data")
+    assert "broker µs/job enq/drain" in table.splitlines()[0]
+    peer_line = next(line for line in table.splitlines() if line.startswith("| beanstalkd"))
+    assert "80 / 100" in peer_line  # 0.4/5k and 0.4/4k
+    assert "4.00x" in peer_line and "2.50x" in peer_line
+
+
+def test_server_loop_names_what_the_setting_resolves_to() -> None:
+    assert server_loop("asyncio") == "asyncio"
+    expected = "uvloop" if loops.uvloop_installed() else "asyncio"
+    assert server_loop("auto").split()[0] == expected
+
+
+def test_bench_requests_measures_every_operation_through_a_real_server() -> None:
+    best = asyncio.run(bench_requests.measure(requests=200, cycles=1, connections=5))
+    assert set(best) == {"enqueue", "reserve", "ack"}
+    for loop_us, process_us in best.values():
+        assert 0 < loop_us <= process_us
