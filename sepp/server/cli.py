@@ -26,6 +26,7 @@ from sepp.core.config import ConfigError
 from sepp.server.config import example_config, load_config
 from sepp.server.logs import setup_logging
 from sepp.server.loops import resolve_event_loop, run_on
+from sepp.server.pipeline import resolve_sync_method
 from sepp.storage import PERSIST_MODES, RecoveryError
 
 log = logging.getLogger("sepp.server")
@@ -47,6 +48,11 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.get("logging", "level"), config.get("logging", "format"))
     try:
         loop_name = resolve_event_loop(config.get("server", "event_loop"))
+        resolve_sync_method(
+            config.get("storage", "sync_method"),
+            config.get("storage", "persist_mode"),
+            real_fs=True,
+        )
     except ConfigError as exc:
         print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
         return 1

@@ -29,6 +29,7 @@ from sepp.core.config import (
     validate_config,
 )
 from sepp.server.loops import EVENT_LOOPS
+from sepp.server.pipeline import SYNC_METHODS
 from sepp.storage import PERSIST_MODES, StorageOptions
 
 DEFAULT_LISTEN = "127.0.0.1:7463"
@@ -124,6 +125,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "storage": {
         "persist_mode": Key(
             "str", "sync_all", "sync_all | sync_data | buffer", choices=PERSIST_MODES
+        ),
+        "sync_method": Key(
+            "str",
+            "auto",
+            "auto | thread | aio: who syncs each group commit (auto: aio where Linux AIO works)",
+            choices=SYNC_METHODS,
         ),
         "sweep_interval_ms": Key("int", 1000, "longest sleep between sweeps", 1),
         "sweep_limit": Key("int", 10_000, "entries per sweep phase", 1),

@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from sepp.core.errors import ConfigError
 
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+T = TypeVar("T")
 
 
 def uvloop_installed() -> bool:
@@ -51,7 +53,7 @@ def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
-def run_on(loop_name: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+def run_on(loop_name: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run `main()` to completion on a new event loop of the named kind."""
     if loop_name == "uvloop":
         import uvloop

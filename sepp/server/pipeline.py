@@ -1,10 +1,14 @@
 """The commit pipeline: the asyncio face of the storage engine's group commit.
 
 Owns: `CommitPipeline`, which runs every command on the event-loop thread (decide,
-apply, buffer its record), wakes the group-commit thread, and resolves each
+apply, buffer its record), wakes the group committer, and resolves each
 command's future once its barrier sequence number is durable — in log order.
 Also the server's clock (read once per command, clamped to never go backwards)
-and the bounded backlog of commands waiting for durability.
+and the bounded backlog of commands waiting for durability. The group committer
+is one of two (`storage.sync_method`, `resolve_sync_method`): the storage
+engine's flushing thread (`GroupCommitter`: writes and syncs), or `LoopCommitter`
+(the loop thread writes each batch, Linux AIO syncs it: no Python thread, no GIL
+hand-off per commit; benchmarks/README.md finding 15).
 
 Promises: a reply is never released before its record (or, for a command that
 logged nothing, every record it may have read) is durable per the persist mode;
@@ -16,6 +20,7 @@ fails every waiting command and every later one with `StorageFailed`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,13 +28,19 @@ from typing import Any
 
 from sepp.core.commands import Command
 from sepp.core.decide import Decision
+from sepp.core.errors import ConfigError
 from sepp.core.results import CommandError
 from sepp.storage import Engine, GroupCommitter, StorageFailed
+from sepp.storage.aio import AioSync, aio_unavailable
+from sepp.storage.wal import PERSIST_BUFFER, PERSIST_SYNC_DATA
 
 
 class Overloaded(RuntimeError):
     """Too many commands are waiting for the disk: retry later (resource_exhausted)."""
 
+
+# storage.sync_method: who syncs the log after each group commit's write.
+SYNC_METHODS = ("auto", "thread", "aio")
 
 # Within one loop turn, wake the flusher at least every this many commands.
 WAKE_EVERY = 64
@@ -58,7 +69,7 @@ class CommitPipeline:
         # future, no closure and no extra loop turn.
         self._waiters: deque[tuple[int, Callable[..., None], tuple[Any, ...]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._committer: GroupCommitter | None = None
+        self._committer: GroupCommitter | LoopCommitter | None = None
         self._durable_callbacks: list[Callable[[int], None]] = []
         self._wake_scheduled = False
         self._unwoken = 0  # commands waiting since the flusher was last woken
@@ -67,9 +78,21 @@ class CommitPipeline:
 
     # -- lifecycle -------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(
+        self, sync_method: str = "thread", aio_factory: Callable[[], AioSync] = AioSync
+    ) -> None:
+        """Start committing: `sync_method` "thread" (a flushing thread writes and
+        syncs) or "aio" (the loop thread writes, Linux AIO syncs; see
+        `resolve_sync_method`). `aio_factory`: a test seam."""
         self._loop = asyncio.get_running_loop()
         loop = self._loop
+        self.sync_method = sync_method
+        if sync_method == "aio":
+            self._committer = LoopCommitter(
+                self.engine, loop, self._release, self._fail, aio_factory
+            )
+            self._committer.start()
+            return
         self._committer = GroupCommitter(
             self.engine,
             on_durable=lambda seq: loop.call_soon_threadsafe(self._release, seq),
@@ -83,7 +106,10 @@ class CommitPipeline:
         if committer is None:
             return
         self._committer = None
-        await asyncio.to_thread(committer.stop)
+        if isinstance(committer, LoopCommitter):
+            await committer.stop()
+        else:
+            await asyncio.to_thread(committer.stop)
         if self.failure is None:
             self._release(self.engine.durable_seq)
 
@@ -196,3 +222,143 @@ class CommitPipeline:
     @property
     def backlog(self) -> int:
         return len(self._waiters)
+
+
+def resolve_sync_method(setting: str, persist_mode: str, real_fs: bool) -> str:
+    """What `storage.sync_method` means here: "aio" or "thread".
+
+    auto: aio for the sync persist modes on the real file system where Linux AIO
+    works, else thread. aio where it cannot run is a configuration error, never a
+    silent fallback."""
+    if setting not in SYNC_METHODS:
+        raise ConfigError("storage.sync_method", f"must be one of {', '.join(SYNC_METHODS)}")
+    if setting == "thread":
+        return setting
+    why = None
+    if persist_mode == PERSIST_BUFFER:
+        why = "persist_mode = buffer syncs on a timer, not per commit"
+    elif not real_fs:
+        why = "it needs the real file system"
+    else:
+        why = aio_unavailable()
+    if why is None:
+        return "aio"
+    if setting == "aio":
+        raise ConfigError("storage.sync_method", f"aio cannot be used: {why} (set auto or thread)")
+    return "thread"
+
+
+class LoopCommitter:
+    """Group commit without a flushing thread: the loop thread writes each batch
+    itself and queues its sync through Linux AIO; the sync's completion (an
+    eventfd the loop watches) releases the batch's waiters and writes the next
+    batch, if one gathered meanwhile. One sync in flight at a time, so a batch is
+    everything that arrived while the previous one was syncing.
+
+    Same face as `GroupCommitter` (start / wake / stop, the callbacks run on the
+    loop thread), for the sync persist modes on the real file system."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        loop: asyncio.AbstractEventLoop,
+        on_durable: Callable[[int], None],
+        on_failure: Callable[[BaseException], None],
+        aio_factory: Callable[[], AioSync] = AioSync,
+    ) -> None:
+        self.engine = engine
+        self._loop = loop
+        self._on_durable = on_durable
+        self._on_failure = on_failure
+        self._aio_factory = aio_factory
+        self._datasync = engine.options.persist_mode == PERSIST_SYNC_DATA
+        self._aio: AioSync | None = None
+        self._syncing = False  # a sync is in flight
+        self._failed = False
+        self._stopping = False
+        self._idle: asyncio.Future[None] | None = None  # stop() waits on it
+
+    def start(self) -> None:
+        self._aio = self._aio_factory()
+        self._loop.add_reader(self._aio.eventfd, self._completed)
+
+    def wake(self) -> None:
+        """Write what is buffered and queue its sync, unless a sync is in flight
+        (its completion comes back here) or there is nothing to write."""
+        if self._syncing or self._failed or not self.engine.has_pending():
+            return
+        aio = self._aio
+        if aio is None or self._stopping:  # stop() flushes what is left
+            return
+        engine = self.engine
+        try:
+            written = engine.write_unsynced()
+            if written is None:
+                return
+            last_seq, fd = written
+            try:
+                aio.submit(fd, self._datasync, last_seq)
+            except OSError as exc:
+                raise engine.sync_failed(exc) from exc
+        except StorageFailed as exc:
+            self._fail(exc)
+            return
+        except Exception as exc:  # a bug: report it, never leave the waiters hanging
+            engine.sync_failed(exc)
+            self._fail(exc)
+            return
+        self._syncing = True
+
+    def _completed(self) -> None:
+        aio = self._aio
+        if aio is None:
+            return
+        try:
+            done = aio.reap()
+        except OSError as exc:
+            self._fail(self.engine.sync_failed(exc))
+            return
+        for last_seq, result in done:
+            self._finish(last_seq, result)
+        self.wake()
+
+    def _finish(self, last_seq: int, result: int) -> None:
+        self._syncing = False
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+        if self._failed:
+            return
+        if result < 0:
+            self._fail(self.engine.sync_failed(OSError(-result, os.strerror(-result))))
+            return
+        self.engine.synced(last_seq)
+        self._on_durable(last_seq)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._failed:
+            self._failed = True
+            self._on_failure(exc)
+
+    async def stop(self) -> None:
+        """Let the sync in flight finish, write and sync what is still buffered,
+        and let go of AIO. On the loop thread."""
+        aio = self._aio
+        if aio is None:
+            return
+        self._stopping = True
+        while self._syncing and not self._failed:
+            self._idle = self._loop.create_future()
+            await self._idle
+        self._loop.remove_reader(aio.eventfd)
+        self._aio = None
+        for last_seq, result in await asyncio.to_thread(aio.close):
+            self._finish(last_seq, result)
+        if self._failed or not self.engine.has_pending():
+            return
+        try:
+            seq = await asyncio.to_thread(self.engine.flush)
+        except StorageFailed as exc:
+            self._fail(exc)
+            return
+        self._on_durable(seq)

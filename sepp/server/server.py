@@ -62,9 +62,15 @@ from sepp.server.config import ServerConfig
 from sepp.server.faults import crash_hook_from_env
 from sepp.server.ids import JobIds
 from sepp.server.loops import loop_kind
-from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
+from sepp.server.pipeline import (
+    CommitPipeline,
+    Overloaded,
+    resolve_sync_method,
+    wall_clock_ms,
+)
 from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_view_body, new_job
 from sepp.storage import Engine, FileSystem, StorageFailed
+from sepp.storage.fs import RealFileSystem
 
 log = logging.getLogger("sepp.server")
 # Builds a NamedTuple from a tuple of its fields, without its Python-level __new__.
@@ -113,6 +119,7 @@ class SeppServer:
         self.clock = clock
         self.engine: Engine | None = None
         self.pipeline: CommitPipeline | None = None
+        self.sync_method = "thread"  # resolved in start()
         self.ids = JobIds()
         self.connections: set[ClientConnection] = set()
         self.address: tuple[str, int] | None = None
@@ -152,10 +159,17 @@ class SeppServer:
         (host, port)."""
         self._loop = asyncio.get_running_loop()
         data_dir = self.config.get("server", "data_dir")
+        options = self.config.storage_options()
+        # A bad sync_method is refused before recovery, like any other setting.
+        self.sync_method = resolve_sync_method(
+            self.config.get("storage", "sync_method"),
+            options.persist_mode,
+            real_fs=self.fs is None or isinstance(self.fs, RealFileSystem),
+        )
         self.engine = engine = Engine.open(
             data_dir,
             self.core_config,
-            self.config.storage_options(),
+            options,
             fs=self.fs,
             # Test-only: SEPP_FAULT_CRASH_AT (see faults.py); None when unset.
             hook=crash_hook_from_env(),
@@ -199,7 +213,7 @@ class SeppServer:
             clock=self.clock,
             on_failure=self._storage_failed,
         )
-        self.pipeline.start()
+        self.pipeline.start(self.sync_method)
         host, port = self.config.listen
         tls = self._tls_context()
         self._server = await self._loop.create_server(
@@ -215,11 +229,12 @@ class SeppServer:
         self.address = (bound[0], bound[1])
         self._schedule_sweep()
         log.info(
-            "listening on %s:%d (%s, persist_mode=%s, auth=%s, build=%s, loop=%s)",
+            "listening on %s:%d (%s, persist_mode=%s, sync=%s, auth=%s, build=%s, loop=%s)",
             self.address[0],
             self.address[1],
             "TLS" if tls else "plain TCP",
             engine.options.persist_mode,
+            self.sync_method,
             "off" if self._api_keys is None else f"{len(self._api_keys)} key(s)",
             running_build(),
             loop_kind(self._loop),

@@ -2,8 +2,10 @@
 commit.
 
 Owns: `Engine` (open = recover; `execute` = decide, encode, apply, buffer;
-`flush` = one write and one sync for everything buffered; snapshots; retention),
-`GroupCommitter` (the flushing thread), `StorageOptions`, `StorageFailed`.
+`flush` = one write and one sync for everything buffered; or the same split in two
+for a caller that syncs itself — `write_unsynced`, then `synced` / `sync_failed`;
+snapshots; retention), `GroupCommitter` (the flushing thread), `StorageOptions`,
+`StorageFailed`.
 
 Promises:
 - Log order is apply order. `execute` returns the *barrier*: the sequence number
@@ -277,29 +279,63 @@ class Engine:
         """Write and sync everything buffered (one write, one sync). Returns the
         durable sequence number. Thread-safe against `execute`."""
         with self._flush_lock:
-            if self.failure is not None:
-                raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
-            with self._lock:
-                batch = self._pending
-                if not batch:
-                    return self.durable_seq
-                self._pending = []
-                last_seq = self.appended_seq
-                time_ms = self._pending_time_ms
-            first_seq = last_seq - len(batch) + 1
-            data = b"".join(batch)
-            try:
-                self._writer.append(data, first_seq, last_seq, time_ms)
-            except OSError as exc:
-                self._fail(exc)
-                raise StorageFailed(f"log write failed: {exc}") from exc
-            self.stats["flushes"] += 1
-            self.stats["records"] += len(batch)
-            self.stats["bytes"] += len(data)
-            with self._durable_cond:
-                self.durable_seq = last_seq
-                self._durable_cond.notify_all()
+            last_seq = self._write_pending(sync=True)
+            if last_seq is None:
+                return self.durable_seq
+            self._set_durable(last_seq)
             return last_seq
+
+    def write_unsynced(self) -> tuple[int, int] | None:
+        """Write everything buffered without syncing it: the caller syncs the
+        returned file descriptor itself, then calls `synced` (or `sync_failed`).
+        Returns (last sequence number written, log file descriptor), or None if
+        nothing was buffered. Only for the sync persist modes, one at a time:
+        nothing else may write the log until `synced` or `sync_failed`."""
+        with self._flush_lock:
+            last_seq = self._write_pending(sync=False)
+            if last_seq is None:
+                return None
+            return last_seq, self._writer.handle
+
+    def synced(self, last_seq: int) -> None:
+        """The sync of `write_unsynced`'s write up to `last_seq` succeeded."""
+        self._writer.mark_synced(last_seq)
+        self._hook("wal.after_sync")
+        self._set_durable(last_seq)
+
+    def sync_failed(self, exc: BaseException) -> StorageFailed:
+        """The sync of `write_unsynced`'s write failed: the engine fails for good
+        (never retried). Returns the error to report."""
+        self._fail(exc)
+        return StorageFailed(f"log sync failed: {exc}")
+
+    def _write_pending(self, *, sync: bool) -> int | None:
+        if self.failure is not None:
+            raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
+        with self._lock:
+            batch = self._pending
+            if not batch:
+                return None
+            self._pending = []
+            last_seq = self.appended_seq
+            time_ms = self._pending_time_ms
+        first_seq = last_seq - len(batch) + 1
+        data = b"".join(batch)
+        try:
+            self._writer.append(data, first_seq, last_seq, time_ms, sync=sync)
+        except OSError as exc:
+            self._fail(exc)
+            raise StorageFailed(f"log write failed: {exc}") from exc
+        stats = self.stats
+        stats["flushes"] += 1
+        stats["records"] += len(batch)
+        stats["bytes"] += len(data)
+        return last_seq
+
+    def _set_durable(self, last_seq: int) -> None:
+        with self._durable_cond:
+            self.durable_seq = last_seq
+            self._durable_cond.notify_all()
 
     def sync(self) -> None:
         """buffer mode: make written records durable (the periodic flush)."""

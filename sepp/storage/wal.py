@@ -158,9 +158,20 @@ class SegmentWriter:
             self._handle = None
         self._open_new(next_seq)
 
-    def append(self, data: bytes, first_seq: int, last_seq: int, last_time_ms: int) -> None:
+    @property
+    def handle(self) -> int:
+        """The active segment's open file (for a caller that syncs it itself)."""
+        if self._handle is None:  # pragma: no cover - closed writer
+            raise RuntimeError("segment writer is closed")
+        return self._handle
+
+    def append(
+        self, data: bytes, first_seq: int, last_seq: int, last_time_ms: int, *, sync: bool = True
+    ) -> None:
         """Write a batch of framed records (seqs first_seq..last_seq) and make it
-        durable per the persist mode. Rotates first if the active segment is full."""
+        durable per the persist mode. Rotates first if the active segment is full.
+        `sync=False` (sync persist modes): only write; the caller syncs `handle`
+        and then calls `mark_synced`."""
         active = self.segments[-1]
         if active.size >= self.segment_bytes_max and active.last_seq >= active.first_seq:
             self.rotate(first_seq)
@@ -174,7 +185,7 @@ class SegmentWriter:
             raise RuntimeError("segment writer is closed")
         self.fs.write(handle, data)
         self._hook("wal.after_write")
-        if self.persist_mode == PERSIST_BUFFER:
+        if self.persist_mode == PERSIST_BUFFER or not sync:
             self._unsynced = True
         else:
             self._sync(handle)
@@ -183,6 +194,11 @@ class SegmentWriter:
             active.size += len(data)
             active.last_seq = last_seq
             active.last_time_ms = last_time_ms
+
+    def mark_synced(self, last_seq: int) -> None:
+        """The caller synced the active segment after writing up to `last_seq`."""
+        if self.segments[-1].last_seq == last_seq:
+            self._unsynced = False
 
     def sync(self) -> bool:
         """Sync the active segment if a buffered write is pending (buffer mode's

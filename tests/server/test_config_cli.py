@@ -110,6 +110,7 @@ ENV_CASES = [
     ("SEPP_AUTH__API_KEYS", "[{name='a', key=''}]", "auth.api_keys[0]"),
     ("SEPP_SERVER__STRICT_QUEUES", "maybe", "server.strict_queues"),
     ("SEPP_SERVER__EVENT_LOOP", "tokio", "server.event_loop"),
+    ("SEPP_STORAGE__SYNC_METHOD", "io_uring", "storage.sync_method"),
 ]
 
 
@@ -155,6 +156,14 @@ def test_serve_with_an_invalid_environment_value_exits_1_naming_the_key(
     result = serve(tmp_path, env={name: value})
     assert result.returncode == 1, result
     assert named in result.stderr
+
+
+def test_serve_refuses_aio_syncs_in_buffer_mode_before_recovery(tmp_path):
+    result = serve(tmp_path, "--persist-mode", "buffer", env={"SEPP_STORAGE__SYNC_METHOD": "aio"})
+    assert result.returncode == 1, result
+    assert "storage.sync_method" in result.stderr and "buffer" in result.stderr
+    assert "sepp listening" not in result.stdout
+    assert not (tmp_path / "data").exists()  # refused before recovery touched anything
 
 
 def test_a_missing_config_path_exits_1(tmp_path):
