@@ -26,8 +26,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import fsync_rate, machine_line, median, print_table, server_loop
+from benchmarks.common import (
+    fsync_rate,
+    machine_line,
+    median,
+    print_table,
+    server_loop,
+    server_sync,
+)
 from sepp.server.loops import EVENT_LOOPS
+from sepp.server.pipeline import SYNC_METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = [(1, 5_000), (8, 40_000), (64, 200_000), (256, 200_000)]
@@ -109,10 +117,17 @@ def one_run(
     batch: int = 1,
     latency: bool = True,
     loop: str | None = None,
+    sync_method: str | None = None,
 ) -> dict[str, Any]:
     """One server, one load-generator run. `loop`: the server's event loop
-    (server.event_loop); None = whatever the environment says (default auto)."""
-    server = Server(mode, pin, None if loop is None else {"SEPP_SERVER__EVENT_LOOP": loop})
+    (server.event_loop), `sync_method` its storage.sync_method; None = whatever
+    the environment says (default auto)."""
+    env = {}
+    if loop is not None:
+        env["SEPP_SERVER__EVENT_LOOP"] = loop
+    if sync_method is not None:
+        env["SEPP_STORAGE__SYNC_METHOD"] = sync_method
+    server = Server(mode, pin, env)
     try:
         phases = (
             ["enqueue"] if batch > 1 else ["enqueue", "drain"] + (["latency"] if latency else [])
@@ -152,7 +167,15 @@ def main() -> None:
         default=[None],
         help="the server's event loop(s); several are measured side by side, runs interleaved",
     )
+    parser.add_argument(
+        "--sync-methods",
+        nargs="+",
+        choices=SYNC_METHODS,
+        default=[None],
+        help="the server's storage.sync_method(s); several are measured side by side, runs interleaved",
+    )
     args = parser.parse_args()
+    variants = [(loop, sync) for loop in args.loops for sync in args.sync_methods]
     pin = not args.no_pin
 
     print(machine_line())
@@ -166,7 +189,11 @@ def main() -> None:
     rows = []
 
     def add_row(
-        label: str, mode: str, conns: int, loop: str | None, results: list[dict[str, Any]]
+        label: str,
+        mode: str,
+        conns: int,
+        variant: tuple[str | None, str | None],
+        results: list[dict[str, Any]],
     ) -> None:
         def med(phase: str, key: str) -> float:
             return median([r[phase][key] for r in results if phase in r])
@@ -193,7 +220,7 @@ def main() -> None:
             (
                 label,
                 mode,
-                server_loop(loop),
+                f"{server_loop(variant[0])} / {server_sync(mode, variant[1])}",
                 conns,
                 med("enqueue", "jobs_per_s"),
                 med("drain", "jobs_per_s") if "drain" in results[0] else "",
@@ -210,14 +237,25 @@ def main() -> None:
     def measure(
         label: str, mode: str, conns: int, jobs: int, batch: int = 1, latency: bool = True
     ) -> None:
-        # With several loops, run index by run index so drift spreads over all of them.
-        results: dict[str | None, list[dict[str, Any]]] = {loop: [] for loop in args.loops}
+        # With several variants, run index by run index so drift spreads over all.
+        results: dict[tuple[str | None, str | None], list[dict[str, Any]]] = {
+            variant: [] for variant in variants
+        }
         for _ in range(args.runs):
-            for loop in args.loops:
-                run = one_run(mode, conns, jobs, pin, batch=batch, latency=latency, loop=loop)
-                results[loop].append(run)
-        for loop in args.loops:
-            add_row(label, mode, conns, loop, results[loop])
+            for loop, sync in variants:
+                run = one_run(
+                    mode,
+                    conns,
+                    jobs,
+                    pin,
+                    batch=batch,
+                    latency=latency,
+                    loop=loop,
+                    sync_method=sync,
+                )
+                results[(loop, sync)].append(run)
+        for variant in variants:
+            add_row(label, mode, conns, variant, results[variant])
 
     for mode in args.modes:
         measure(f"{args.connections}/{args.connections}", mode, args.connections, args.jobs)
@@ -232,7 +270,7 @@ def main() -> None:
         [
             "run",
             "persist mode",
-            "server loop",
+            "server loop / sync",
             "conns",
             "enqueue jobs/s",
             "drain jobs/s",

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from log_format._compiled import build_name
 from sepp.server.loops import resolve_event_loop
+from sepp.server.pipeline import resolve_sync_method
 
 
 def fsync_rate(directory: str | None = None, appends: int = 500) -> dict[str, float]:
@@ -48,7 +49,8 @@ def machine_line() -> str:
     return (
         f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()} ({sys.implementation.name}), "
-        f"load avg {load[0]:.2f}, sepp build {build_name()}, server loop {server_loop()}"
+        f"load avg {load[0]:.2f}, sepp build {build_name()}, server loop {server_loop()}, "
+        f"durable syncs by {server_sync('sync_data')}, load generator loop {server_loop('auto')}"
     )
 
 
@@ -59,6 +61,15 @@ def server_loop(setting: str | None = None) -> str:
         setting = os.environ.get("SEPP_SERVER__EVENT_LOOP", "auto")
     name = resolve_event_loop(setting)
     return f"uvloop {importlib.metadata.version('uvloop')}" if name == "uvloop" else name
+
+
+def server_sync(persist_mode: str, setting: str | None = None) -> str:
+    """Who syncs `sepp serve`'s group commits in `persist_mode` with this setting
+    (default: the environment's SEPP_STORAGE__SYNC_METHOD, else auto): "aio" or
+    "thread"."""
+    if setting is None:
+        setting = os.environ.get("SEPP_STORAGE__SYNC_METHOD", "auto")
+    return resolve_sync_method(setting, persist_mode, real_fs=True)
 
 
 def median(values: Sequence[float]) -> float:

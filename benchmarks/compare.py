@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_e2e
-from benchmarks.common import fsync_rate, machine_line, median, server_loop
+from benchmarks.common import fsync_rate, machine_line, median, server_loop, server_sync
 from benchmarks.peers.brokers import PEERS, Broker, DriverError, stop_all, taskset
 from log_format._compiled import build_name
 
@@ -556,7 +556,7 @@ def versions(keys: list[str]) -> list[str]:
     out = []
     if "sepp" in keys:
         out.append(
-            f"sepp {pkg_version('sepp')} (python {platform.python_version()}, event loop {server_loop()}, build {build_name()}), msgpack {pkg_version('msgpack')}"
+            f"sepp {pkg_version('sepp')} (python {platform.python_version()}, event loop {server_loop()}, durable syncs by {server_sync('sync_data')}, build {build_name()}), msgpack {pkg_version('msgpack')}"
         )
     for key in keys:
         if key != "sepp":

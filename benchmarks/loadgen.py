@@ -4,7 +4,10 @@ connection, as benchmark-method.md prescribes.
 
 Run as a child process by bench_e2e.py (pinned to its own core), it prints one
 JSON line with the phase results and its own CPU time, so the report can show that
-the generator was not the bottleneck.
+the generator was not the bottleneck. It runs on uvloop when installed (`--loop`,
+default auto, like the server): on the standard loop it used ~35 us of CPU per
+enqueue, nearly as much as the server, and with the server faster it became a
+co-bottleneck (benchmarks/README.md, finding 15).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import msgpack
 
 from sepp.protocol.framing import LENGTH_PREFIX, FrameReader
+from sepp.server.loops import EVENT_LOOPS, resolve_event_loop, run_on
 
 PAYLOAD = b"x" * 256
 _pack = msgpack.Packer(use_bin_type=True).pack
@@ -195,8 +199,16 @@ def main() -> None:
     parser.add_argument(
         "--server-pid", type=int, default=0, help="to report the server's CPU per phase"
     )
+    parser.add_argument(
+        "--loop",
+        choices=EVENT_LOOPS,
+        default="auto",
+        help="the generator's own event loop (auto: uvloop when installed, as the server)",
+    )
     args = parser.parse_args()
-    result = asyncio.run(run(args))
+    loop_name = resolve_event_loop(args.loop)
+    result = run_on(loop_name, lambda: run(args))
+    result["loop"] = loop_name
     result["pid"] = os.getpid()
     print(json.dumps(result), flush=True)
 
