@@ -41,6 +41,11 @@ from log_format._bytes import BytesLike, all_zero, byte_view
 from log_format.crc import CRC_MASK_DELTA, masked_crc32c
 from log_format.files import FILE_HEADER_BYTES
 
+# TornTail's reason for zeros from a record boundary to the end (rule 3): what a
+# running writer's preallocated space, or an append whose data never reached the
+# disk, reads as.
+ZERO_FILLED_TAIL = "zero-filled tail"
+
 __all__ = [
     "RECORD_BODY_BYTES_MAX",
     "RECORD_HEADER_BYTES",
@@ -54,6 +59,7 @@ __all__ = [
     "RECORD_KIND_SNAPSHOT_JOBS",
     "SNAPSHOT_RECORD_KINDS",
     "WAL_RECORD_KINDS",
+    "ZERO_FILLED_TAIL",
     "CleanEnd",
     "Corruption",
     "Record",
@@ -268,7 +274,7 @@ def _classify_damage(
     if all_zero(view, off, end):
         # A crash can leave a file whose size was persisted but whose data was not
         # (ext4 data=writeback, XFS): it reads back as zeros.
-        return TornTail(off, "zero-filled tail")
+        return TornTail(off, ZERO_FILLED_TAIL)
     if end - off < RECORD_HEADER_BYTES:
         return TornTail(off, "truncated record header")
     header_crc, _body_crc, body_len, kind_word, found_seq = _HEADER.unpack_from(view, off)

@@ -52,6 +52,7 @@ from log_format import (
     RECORD_BODY_BYTES_MAX,
     RECORD_HEADER_BYTES,
     WAL_RECORD_KINDS,
+    ZERO_FILLED_TAIL,
     BadHeader,
     CleanEnd,
     Corruption,
@@ -64,7 +65,7 @@ from log_format import (
     read_segment,
     scan_records,
 )
-from tools.datadir import ERROR, WARNING, DataDir, Problem, SegmentFile
+from tools.datadir import ERROR, INFO, WARNING, DataDir, Problem, SegmentFile
 
 __all__ = [
     "CHUNK_BYTES",
@@ -573,6 +574,18 @@ class LogWalker:
                 size = os.stat(segment.path).st_size
             except FileNotFoundError:
                 size = segment.size
+            if torn.reason == ZERO_FILLED_TAIL:
+                # What a running server's segment always ends with (its
+                # preallocated space): worth a line, not a warning.
+                return Problem(
+                    INFO,
+                    "torn-tail",
+                    segment.rel,
+                    torn.offset,
+                    seq,
+                    f"{torn.reason}: recovery would cut the last {size - torn.offset} bytes "
+                    "(a running server's preallocated space, or a crash mid-append)",
+                )
             return Problem(
                 WARNING,
                 "torn-tail",

@@ -188,6 +188,8 @@ class SeppServer:
             len(engine.state.dead),
             f", truncated torn tail of {report.truncated[0]} at {report.truncated[1]} ({report.truncated[2]} bytes)"
             if report.truncated
+            else f", released {report.zero_tail[2]} preallocated bytes after the last record"
+            if report.zero_tail
             else "",
         )
         for path, reason in report.skipped_snapshots:

@@ -92,6 +92,19 @@ class Crasher:
 class _Inode:
     data: bytearray = field(default_factory=bytearray)
     durable: bytes = b""
+    # The writes since the last sync, in order: (offset, bytes). A torn crash
+    # keeps a prefix of them, the last one cut short.
+    pending: list[tuple[int, bytes]] = field(default_factory=list)
+
+    def put(self, data: bytes, offset: int) -> None:
+        if offset > len(self.data):
+            self.data += bytes(offset - len(self.data))
+        self.data[offset : offset + len(data)] = data
+        self.pending.append((offset, data))
+
+    def synced(self) -> None:
+        self.durable = bytes(self.data)
+        self.pending.clear()
 
 
 @dataclass
@@ -188,17 +201,18 @@ class FaultyFileSystem:
             d.entries = dict(d.durable)
             inodes = {id(i): i for i in d.entries.values()}
             for inode in inodes.values():
-                kept = inode.durable
-                unsynced = bytes(inode.data[len(inode.durable) :])
-                if (
-                    tear
-                    and rng is not None
-                    and unsynced
-                    and inode.data[: len(inode.durable)] == inode.durable
-                ):
-                    kept = kept + unsynced[: rng.randrange(len(unsynced) + 1)]
-                inode.data = bytearray(kept)
-                inode.durable = bytes(kept)
+                pending = inode.pending
+                inode.data = bytearray(inode.durable)
+                inode.pending = []
+                if tear and rng is not None and pending:
+                    # A torn crash: the writes since the last sync reach the disk
+                    # in order up to a random one, which is cut at a random byte.
+                    torn = rng.randrange(len(pending))
+                    for offset, data in pending[:torn]:
+                        inode.put(data, offset)
+                    offset, data = pending[torn]
+                    inode.put(data[: rng.randrange(len(data) + 1)], offset)
+                inode.synced()
         self._handles.clear()
         self._faults.clear()
         # The crashed process's locks die with it.
@@ -299,6 +313,26 @@ class FaultyFileSystem:
         self._op("open_append", path)
         return self._open(path, self._inode(path))
 
+    def open_write(self, path: str) -> int:
+        self._op("open_write", path)
+        return self._open(path, self._inode(path))
+
+    def write_at(self, handle: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        path, inode = self._handle(handle)
+        self._op("write", path)
+        self._put_at(path, inode, bytes(data), offset)
+
+    def _put_at(self, path: str, inode: _Inode, data: bytes, offset: int) -> None:
+        grow = max(0, offset + len(data) - len(inode.data))
+        if self.capacity_bytes is not None and self._used_bytes() + grow > self.capacity_bytes:
+            raise OSError(errno.ENOSPC, "no space left on device", path)
+        inode.put(data, offset)
+
+    def write_zeros(self, handle: int, offset: int, size: int) -> None:
+        path, inode = self._handle(handle)
+        self._op("write_zeros", path)
+        self._put_at(path, inode, bytes(size), offset)
+
     def _handle(self, handle: int) -> tuple[str, _Inode]:
         try:
             return self._handles[handle]
@@ -310,19 +344,19 @@ class FaultyFileSystem:
         self._op("write", path)
         if self.capacity_bytes is not None and self._used_bytes() + len(data) > self.capacity_bytes:
             room = max(0, self.capacity_bytes - self._used_bytes())
-            inode.data += bytes(data[:room])  # a short write, then the error
+            inode.put(bytes(data[:room]), len(inode.data))  # a short write, then the error
             raise OSError(errno.ENOSPC, "no space left on device", path)
-        inode.data += bytes(data)
+        inode.put(bytes(data), len(inode.data))
 
     def fsync(self, handle: int) -> None:
         path, inode = self._handle(handle)
         self._op("fsync", path)
-        inode.durable = bytes(inode.data)
+        inode.synced()
 
     def fdatasync(self, handle: int) -> None:
         path, inode = self._handle(handle)
         self._op("fdatasync", path)
-        inode.durable = bytes(inode.data)
+        inode.synced()
 
     def close(self, handle: int) -> None:
         self._handles.pop(handle, None)
@@ -331,7 +365,7 @@ class FaultyFileSystem:
         self._op("truncate", path)
         inode = self._inode(path)
         del inode.data[size:]
-        inode.durable = bytes(inode.data)
+        inode.synced()
 
     def rename(self, src: str, dst: str) -> None:
         self._op("rename", dst)

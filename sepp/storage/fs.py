@@ -33,11 +33,25 @@ class FileSystem(Protocol):
         ...
 
     def create(self, path: str) -> int:
-        """Create a new, empty file for appending (fails if it exists); a handle."""
+        """Create a new, empty file for writing from its start (fails if it
+        exists); a handle. `write` calls follow one another; `write_at` writes at
+        an offset."""
         ...
 
     def open_append(self, path: str) -> int:
         """Open an existing file for appending; a handle."""
+        ...
+
+    def open_write(self, path: str) -> int:
+        """Open an existing file for `write_at`; a handle."""
+        ...
+
+    def write_at(self, handle: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Write all of `data` at `offset`, growing the file if it ends before."""
+        ...
+
+    def write_zeros(self, handle: int, offset: int, size: int) -> None:
+        """Write `size` zero bytes at `offset` (real blocks, not a hole)."""
         ...
 
     def write(self, handle: int, data: bytes | bytearray | memoryview) -> None:
@@ -74,6 +88,18 @@ class FileSystem(Protocol):
     def supports_fork(self) -> bool:
         """Whether a forked child can write through this seam (real files only)."""
         ...
+
+
+_ZEROS = b""
+
+
+def _zeros(size: int) -> bytes:
+    """`size` zero bytes, from one cached buffer (the writer asks for the same
+    size again and again)."""
+    global _ZEROS
+    if len(_ZEROS) != size:
+        _ZEROS = bytes(size)
+    return _ZEROS
 
 
 class DataDirLocked(OSError):
@@ -121,10 +147,30 @@ class RealFileSystem:
             return f.read()
 
     def create(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        # No O_APPEND: on Linux it would make pwrite (write_at) ignore its offset.
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
     def open_append(self, path: str) -> int:
         return os.open(path, os.O_WRONLY | os.O_APPEND)
+
+    def open_write(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY)
+
+    def write_at(self, handle: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        written = os.pwrite(handle, data, offset)
+        if written == len(data):  # the usual case: no copy
+            return
+        view = memoryview(data)[written:]
+        while view:
+            offset += written
+            written = os.pwrite(handle, view, offset)
+            if written <= 0:  # pragma: no cover - os.pwrite raises instead
+                raise OSError("short write")
+            view = view[written:]
+
+    def write_zeros(self, handle: int, offset: int, size: int) -> None:
+        zeros = _zeros(size)
+        self.write_at(handle, zeros, offset)
 
     def write(self, handle: int, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)

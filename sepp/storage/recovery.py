@@ -9,7 +9,7 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 1 | no segments and no snapshot | fresh start at seq 1 |
 | 2 | segments from seq 1, no snapshot | replay everything |
 | 3 | a snapshot at S and segments covering S+1.. | load it, replay records > S |
-| 4 | a torn record at the tail of the **last** segment | truncate it (a crash mid-append, never acknowledged) |
+| 4 | a torn record or a zero-filled tail (the writer's preallocated space) at the end of the **last** segment | truncate it (a crash mid-append, never acknowledged) |
 | 5 | a last segment whose header is torn (a prefix of the magic) and holds nothing else, or that is all zeros | remove it (a crash mid-rotation, before any record) |
 | 6 | damage (torn or not) in a **sealed** segment | refuse to start |
 | 7 | a bad record followed by valid ones, anywhere | refuse to start |
@@ -50,6 +50,7 @@ from log_format import (
     parse_snapshot_file_name,
     scan_records,
 )
+from log_format._bytes import all_zero, byte_view
 from sepp.core.config import CoreConfig
 from sepp.core.state import State
 from sepp.storage.fs import FileSystem
@@ -99,6 +100,8 @@ class RecoveryReport:
     records_replayed: int = 0
     events_replayed: int = 0
     truncated: tuple[str, int, int] | None = None  # (path, offset, bytes cut)
+    # The last segment's zero-filled tail, cut: (path, offset, bytes cut).
+    zero_tail: tuple[str, int, int] | None = None
     removed_files: list[str] = field(default_factory=list)
     ignored_files: list[str] = field(default_factory=list)
     last_seq: int = 0
@@ -300,7 +303,12 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             cut = len(data) - terminal.offset
             fs.truncate(path, terminal.offset)
             segment.size = terminal.offset
-            report.truncated = (path, terminal.offset, cut)
+            if all_zero(byte_view(data), terminal.offset, len(data)):
+                # The writer's preallocated zeros (or an append whose data never
+                # reached the disk): nothing torn to report.
+                report.zero_tail = (path, terminal.offset, cut)
+            else:
+                report.truncated = (path, terminal.offset, cut)
         elif type(terminal) is Corruption:
             raise RecoveryError(
                 f"corrupt record ({terminal.reason})",

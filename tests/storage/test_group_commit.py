@@ -393,9 +393,12 @@ def test_new_segment_header_and_directory_are_synced_before_records_land_in_it(
     for index, path in enumerate(paths):
         start = timeline.index(("create", path))
         if index > 0:
-            # The segment before it was sealed durable before this one began.
+            # The segment before it was sealed durable before this one began: its
+            # last batch synced, then its preallocated zeros cut (a durable
+            # truncate) -- a sealed segment ends with its last record.
             previous = [op for op, p in timeline[:start] if p == paths[index - 1]]
-            assert previous[-1] in ("fsync", "fdatasync"), previous
+            assert previous[-2:] in (["fsync", "truncate"], ["fdatasync", "truncate"]), previous
+            assert len(fs.read(paths[index - 1])) == len(fs.durable_files()[paths[index - 1]])
         relevant = [
             (op, p)
             for op, p in timeline[start:]

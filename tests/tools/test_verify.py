@@ -9,7 +9,6 @@ and damaged by byte surgery.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from pathlib import Path
@@ -497,8 +496,9 @@ def test_verify_agrees_with_recovery(tmp_path: Path, damage: str) -> None:
     engine.close()
     assert report.exit_code == 0, report.problems
     torn = [p for p in report.problems if p.kind == "torn-tail"]
-    if recovered.truncated is not None:
-        path, offset, _cut = recovered.truncated
+    cut = recovered.truncated or recovered.zero_tail
+    if cut is not None:
+        path, offset, _cut = cut
         assert [(str(copy / p.file), p.offset) for p in torn] == [(path, offset)]
     elif recovered.removed_files:
         assert [str(copy / p.file) for p in torn] == recovered.removed_files
@@ -512,12 +512,17 @@ def test_verify_reads_a_live_directory_while_a_record_is_being_appended(
 ) -> None:
     live = scripted_log(tmp_path / "data")
     segment = segment_paths(live.data_dir)[-1]
-    size = segment.stat().st_size
+    path, last = locate(live.data_dir, 40)
+    assert path == segment
+    # The engine is open: its records end here, its file may go on with zeros
+    # (the writer's preallocated space).
+    size = last.offset + RECORD_HEADER_BYTES + len(last.body)
+    original = segment.read_bytes()
     try:
-        # The engine is open; half of the next record is in the file, as while a
-        # write is under way.
+        # Half of the next record is in the file, as while a write is under way.
         record = encode_record(41, RECORD_KIND_COMMAND, encode_envelope(1, 8, [[7, 1, "x"]]))
-        with open(segment, "ab") as handle:
+        with open(segment, "r+b") as handle:
+            handle.seek(size)
             handle.write(record[: rng.randrange(1, len(record))])
         before = tree(live.data_dir)
         report = run(live.data_dir)
@@ -527,7 +532,23 @@ def test_verify_reads_a_live_directory_while_a_record_is_being_appended(
         ]
         assert (report.replayed_to, report.exit_code) == (40, 0)
     finally:
-        os.truncate(segment, size)
+        segment.write_bytes(original)
+        live.close()
+
+
+def test_a_running_servers_preallocated_zeros_are_a_line_not_a_warning(tmp_path: Path) -> None:
+    live = scripted_log(tmp_path / "data")  # the engine is open, as in a running server
+    try:
+        path, last = locate(live.data_dir, 40)
+        end = last.offset + RECORD_HEADER_BYTES + len(last.body)
+        assert path.stat().st_size > end  # the writer's zeros after the last record
+        report = run(live.data_dir)
+        assert errors_and_warnings(report) == []
+        (line,) = [p for p in report.problems if p.kind == "torn-tail"]
+        assert (line.severity, line.file, line.offset) == (INFO, SEG25, end)
+        assert "preallocated space" in line.reason
+        assert (report.replayed_to, report.exit_code) == (40, 0)
+    finally:
         live.close()
 
 

@@ -1,0 +1,149 @@
+"""The active segment's preallocated zeros (`sepp.storage.wal.PREALLOCATE_BYTES`).
+
+The writer keeps the active segment's file up to PREALLOCATE_BYTES of zeros longer
+than its records, so that most syncs change no file size (no file-system journal
+commit). These tests hold the promises around it: records are written at the data
+end (never after the zeros), the file grows a step at a time, a sealed segment and
+a cleanly closed log end with their last record, and after a crash recovery cuts
+the zero tail, reports it as such (not as a torn record) and the log continues at
+the data end with nothing released lost.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sepp.storage import Engine, RealFileSystem, StorageOptions
+from sepp.storage.faultfs import FaultyFileSystem
+from sepp.storage.wal import PREALLOCATE_BYTES
+from tests.storage.helpers import (
+    CONFIG,
+    T0,
+    durable_log_seq,
+    enqueue_one,
+    inline_options,
+    open_engine,
+    segment_paths,
+    segment_records,
+)
+
+
+def data_end(data: bytes) -> int:
+    _first, records, _end = segment_records(data)
+    last = records[-1]
+    return last.offset + 24 + len(last.body)
+
+
+def test_records_go_at_the_data_end_and_the_file_grows_a_step_at_a_time() -> None:
+    fs = FaultyFileSystem()
+    engine = open_engine(fs, inline_options(persist_mode="sync_data"))
+    fs.record_ops = True
+    for n in range(300):
+        engine.execute(enqueue_one(n, payload_bytes=4000), T0 + n)
+        engine.flush()
+    (path,) = segment_paths(fs)
+    data = fs.read(path)
+    end = data_end(data)
+    assert engine.segments[-1].size == end
+    # The file runs ahead of its records by zeros, at most one step.
+    assert end < len(data) <= end + PREALLOCATE_BYTES
+    assert data[end:] == bytes(len(data) - end)
+    # ~1.2 MB of records: the file grew twice (at the first batch, past 1 MiB),
+    # not 300 times.
+    grows = [op for op, p in fs.ops if op == "write_zeros" and p == path]
+    assert len(grows) == 2
+    # Every record is where the reader finds it: all 300 replay.
+    _first, records, _end = segment_records(data)
+    assert [r.seq for r in records] == list(range(1, 301))
+    engine.close()
+    # A clean close cuts the zeros, durably.
+    assert len(fs.durable_files()[path]) == end == len(fs.read(path))
+
+
+def test_a_sealed_segment_ends_with_its_last_record() -> None:
+    fs = FaultyFileSystem()
+    engine = open_engine(fs, inline_options(persist_mode="sync_data", segment_bytes_max=64 * 1024))
+    for n in range(100):
+        engine.execute(enqueue_one(n, payload_bytes=2000), T0 + n)
+        engine.flush()
+    paths = segment_paths(fs)
+    assert len(paths) >= 3
+    for sealed in paths[:-1]:
+        durable = fs.durable_files()[sealed]
+        assert len(durable) == data_end(durable)
+    active = fs.read(paths[-1])
+    assert len(active) > data_end(active)  # the active one still has its zeros
+    engine.close()
+
+
+def test_after_a_crash_the_zero_tail_is_cut_and_the_log_goes_on_from_the_data_end(
+    rng: Any,
+) -> None:
+    fs = FaultyFileSystem()
+    options = inline_options(persist_mode="sync_data")
+    engine = open_engine(fs, options)
+    for n in range(20):
+        engine.execute(enqueue_one(n), T0 + n)
+        engine.flush()
+    (path,) = segment_paths(fs)
+    end = engine.segments[-1].size
+    size = len(fs.durable_files()[path])
+    assert size > end
+    fs.crash(rng, tear=True)  # nothing was unsynced: the zeros are durable too
+    again = open_engine(fs, options)
+    report = again.recovery_report
+    assert report.zero_tail == (path, end, size - end)
+    assert report.truncated is None
+    assert len(again.state.jobs) == 20
+    for n in range(20, 25):
+        again.execute(enqueue_one(n), T0 + n)
+        again.flush()
+    assert durable_log_seq(fs) == 25  # seq 21.. right after seq 20, nothing between
+    again.close()
+    third = open_engine(fs, options)
+    assert len(third.state.jobs) == 25
+    assert third.recovery_report.zero_tail is None  # the clean close left none
+    third.close()
+
+
+def test_on_real_files_the_segment_runs_ahead_and_a_clean_close_cuts_it(tmp_path: Path) -> None:
+    data_dir = str(tmp_path / "data")
+    options = StorageOptions(persist_mode="sync_data", snapshot_mode="inline")
+    engine = Engine.open(data_dir, CONFIG, options, fs=RealFileSystem())
+    for n in range(10):
+        engine.execute(enqueue_one(n), T0 + n)
+        engine.flush()
+    path = engine.segments[-1].path
+    end = engine.segments[-1].size
+    size = os.path.getsize(path)
+    assert end < size <= end + PREALLOCATE_BYTES
+    with open(path, "rb") as f:
+        f.seek(end)
+        assert f.read() == bytes(size - end)
+    engine.close()
+    assert os.path.getsize(path) == end
+    again = Engine.open(data_dir, CONFIG, options, fs=RealFileSystem())
+    assert len(again.state.jobs) == 10
+    again.close()
+
+
+def test_write_at_and_write_zeros_on_real_files(tmp_path: Path) -> None:
+    fs = RealFileSystem()
+    path = str(tmp_path / "f")
+    handle = fs.create(path)
+    try:
+        fs.write_at(handle, b"abc", 0)
+        fs.write_zeros(handle, 3, 5)
+        fs.write_at(handle, b"XY", 4)  # over the zeros
+        fs.write_at(handle, memoryview(b"end"), 10)  # past the end: a gap of zeros
+    finally:
+        fs.close(handle)
+    assert Path(path).read_bytes() == b"abc\0XY\0\0\0\0end"
+    handle = fs.open_write(path)
+    try:
+        fs.write_at(handle, b"Z", 0)
+    finally:
+        fs.close(handle)
+    assert Path(path).read_bytes()[:4] == b"Zbc\0"
