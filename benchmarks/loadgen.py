@@ -44,7 +44,7 @@ class Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for frame in self.reader.feed(data):
-            rid, status, body = msgpack.unpackb(frame, raw=False)
+            rid, status, body = msgpack.unpackb(frame)  # raw=False is the default
             future = self.pending.pop(rid, None)
             if future is not None and not future.done():
                 if status == "ok":

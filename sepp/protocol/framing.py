@@ -62,6 +62,12 @@ class FrameReader:
         waits for `raise_pending()`."""
         self.raise_pending()
         buffer = self._buffer
+        if not buffer and self._need < 0 and len(data) > LENGTH_PREFIX_BYTES:
+            # The usual read: exactly one whole frame (a client with one request
+            # in flight), taken without copying it through the buffer.
+            (need,) = LENGTH_PREFIX.unpack_from(data)
+            if len(data) - LENGTH_PREFIX_BYTES == need and 0 < need <= self.frame_bytes_max:
+                return [bytes(data[LENGTH_PREFIX_BYTES:])]
         buffer += data
         frames: list[bytes] = []
         pos = 0

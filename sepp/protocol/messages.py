@@ -81,7 +81,10 @@ class Response(NamedTuple):
 
 def _unpack(frame: bytes) -> Any:
     try:
-        return _unpackb(frame, raw=False, strict_map_key=True, use_list=True)
+        # msgpack >= 1.0's defaults, which the wire needs (raw=False: str is
+        # text; strict_map_key=True: str/bytes keys only; use_list=True), left
+        # implicit: every keyword argument costs ~0.07 us per request.
+        return _unpackb(frame)
     except Exception as exc:
         # msgpack raises ExtraData, FormatError, StackError, ValueError,
         # TypeError, UnicodeDecodeError... for bad bytes: all mean the same here.

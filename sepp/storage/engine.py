@@ -334,7 +334,8 @@ class Engine:
 
     def _set_durable(self, last_seq: int) -> None:
         with self._durable_cond:
-            self.durable_seq = last_seq
+            if last_seq > self.durable_seq:  # never backwards
+                self.durable_seq = last_seq
             self._durable_cond.notify_all()
 
     def sync(self) -> None:

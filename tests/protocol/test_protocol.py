@@ -114,6 +114,18 @@ def test_a_request_without_a_usable_id_is_a_violation(value: object) -> None:
         decode_request(msgpack.packb(value))
 
 
+def test_the_wire_decode_keeps_msgpacks_strict_defaults() -> None:
+    # The decoder passes no options (msgpack >= 1.0's defaults, for speed): a map
+    # key that is not a string is still a violation, text stays str, bin stays
+    # bytes, arrays stay lists.
+    with pytest.raises(ProtocolViolation):
+        decode_request(msgpack.packb([1, "ack", {1: "job"}]))
+    request = decode_request(msgpack.packb([1, "ack", {"job_id": "j", "b": b"\x00", "l": [1]}]))
+    body = request.body
+    assert isinstance(body, dict)
+    assert (type(body["job_id"]), type(body["b"]), type(body["l"])) == (str, bytes, list)
+
+
 def test_an_unknown_op_is_an_error_for_that_request_only() -> None:
     with pytest.raises(ProtocolError) as info:
         decode_request(msgpack.packb([9, "explode", {}]))
