@@ -24,8 +24,10 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import select
 import struct
 import sys
+import tempfile
 
 # x86-64 and arm64 syscall numbers (the only ones tried; others fall back).
 _SYSCALLS = {
@@ -52,15 +54,43 @@ def _syscall_numbers() -> tuple[int, int, int, int] | None:
 
 
 def aio_unavailable() -> str | None:
-    """None if an AioSync can be made here, else the reason it cannot."""
+    """None if AIO syncs work here, else the reason they do not. Probes once per
+    process: a real `fdatasync` of a temporary file through AIO (kernels before
+    4.18 refuse IOCB_CMD_FDSYNC at submit)."""
+    global _PROBED
+    if _PROBED is None:
+        _PROBED = (_probe(),)
+    return _PROBED[0]
+
+
+_PROBED: tuple[str | None] | None = None
+_PROBE_WAIT_S = 10.0
+
+
+def _probe() -> str | None:
     if _syscall_numbers() is None:
         return f"Linux AIO syscalls unknown on {sys.platform}/{platform.machine()}"
     if not hasattr(os, "eventfd"):
         return "os.eventfd is missing (needs Python 3.10+ on Linux)"
     try:
-        AioSync(1).close()
+        aio = AioSync(1)
     except OSError as exc:
         return f"io_setup failed: {exc}"
+    try:
+        with tempfile.TemporaryFile() as probe:
+            probe.write(b"sepp")
+            probe.flush()
+            aio.submit(probe.fileno(), True, 1)
+            readable, _, _ = select.select([aio.eventfd], [], [], _PROBE_WAIT_S)
+            if not readable:
+                return "an AIO fdatasync did not complete"
+            done = aio.reap()
+            if done != [(1, 0)]:
+                return f"an AIO fdatasync failed: {done}"
+    except OSError as exc:
+        return f"an AIO fdatasync was refused: {exc}"
+    finally:
+        aio.close()
     return None
 
 

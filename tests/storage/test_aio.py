@@ -19,6 +19,7 @@ import pytest
 
 from sepp.core import Sweep
 from sepp.storage import StorageFailed
+from sepp.storage import aio as aio_module
 from sepp.storage.aio import AioSync, aio_unavailable
 from sepp.storage.faultfs import FaultyFileSystem
 from tests.storage.helpers import (
@@ -111,6 +112,25 @@ def test_a_sync_that_cannot_be_queued_is_refused_at_once() -> None:
 def test_aio_unavailable_names_a_reason_or_none() -> None:
     why = aio_unavailable()
     assert why is None or (isinstance(why, str) and why)
+
+
+@needs_aio
+def test_a_kernel_that_refuses_aio_fdatasync_makes_aio_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Kernels before 4.18 have io_setup but refuse IOCB_CMD_FDSYNC at submit: the
+    # probe must find that out, not the first group commit.
+    def refuse(self: AioSync, fd: int, datasync: bool, token: int) -> None:
+        raise OSError(errno.EINVAL, "io_submit: Invalid argument")
+
+    monkeypatch.setattr(aio_module, "_PROBED", None)
+    monkeypatch.setattr(AioSync, "submit", refuse)
+    why = aio_unavailable()
+    assert why is not None and "refused" in why and "Invalid argument" in why
+    # Probed once per process: the answer is kept.
+    monkeypatch.undo()
+    monkeypatch.setattr(aio_module, "_PROBED", (why,))
+    assert aio_unavailable() == why
 
 
 # ---------------------------------------------------------------- the engine's split commit
