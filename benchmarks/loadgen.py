@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 
 from sepp.protocol.framing import LENGTH_PREFIX, FrameReader
-from sepp.server.loops import EVENT_LOOPS, resolve_event_loop, run_on
+from sepp.server.loops import EVENT_LOOPS, loop_kind, resolve_event_loop, run_on
 
 PAYLOAD = b"x" * 256
 _pack = msgpack.Packer(use_bin_type=True).pack
@@ -162,7 +162,8 @@ def _proc_cpu(pid: int | None) -> float:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     conns = [await connect(args.host, args.port) for _ in range(args.connections)]
-    result: dict[str, Any] = {}
+    # The loop this really runs on, not the one asked for.
+    result: dict[str, Any] = {"loop": loop_kind(asyncio.get_running_loop())}
     queue = args.queue
 
     async def phase(name: str, work: Any) -> None:
@@ -208,7 +209,6 @@ def main() -> None:
     args = parser.parse_args()
     loop_name = resolve_event_loop(args.loop)
     result = run_on(loop_name, lambda: run(args))
-    result["loop"] = loop_name
     result["pid"] = os.getpid()
     print(json.dumps(result), flush=True)
 

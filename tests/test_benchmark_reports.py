@@ -5,11 +5,22 @@ numbers the closing notes quote come from these, so they are checked like code
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from benchmarks import bench_requests
-from benchmarks.common import server_loop
+from benchmarks.common import server_loop, server_sync
 from benchmarks.compare import Row, headline_table, verdicts
 from sepp.server import loops
+from sepp.storage.aio import aio_unavailable
+from tests.conftest import ServerProcess
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _run(enqueue: float, drain: float, cpu: float) -> dict:
@@ -67,8 +78,45 @@ def test_server_loop_names_what_the_setting_resolves_to() -> None:
     assert server_loop("auto").split()[0] == expected
 
 
+def test_server_sync_names_what_the_sync_method_resolves_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert server_sync("sync_data", "thread") == "thread"
+    assert server_sync("buffer", "auto") == "thread"  # buffer mode syncs on a timer
+    expected = "aio" if aio_unavailable() is None else "thread"
+    assert server_sync("sync_all", "auto") == expected
+    monkeypatch.setenv("SEPP_STORAGE__SYNC_METHOD", "thread")
+    assert server_sync("sync_data") == "thread"  # None: what the environment says
+
+
 def test_bench_requests_measures_every_operation_through_a_real_server() -> None:
     best = asyncio.run(bench_requests.measure(requests=200, cycles=1, connections=5))
     assert set(best) == {"enqueue", "reserve", "ack"}
     for loop_us, process_us in best.values():
         assert 0 < loop_us <= process_us
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "asyncio",
+        pytest.param(
+            "uvloop",
+            marks=pytest.mark.skipif(not loops.uvloop_installed(), reason="no uvloop"),
+        ),
+    ],
+)
+def test_the_load_generator_runs_its_phases_on_the_loop_asked_for(
+    server_factory: Callable[..., ServerProcess], loop: str
+) -> None:
+    server = server_factory()
+    port = server.address.rpartition(":")[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.loadgen", "--port", port, "--jobs", "300",
+         "--connections", "4", "--phases", "enqueue", "drain", "--loop", loop],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["loop"] == loop
+    for phase in ("enqueue", "drain"):
+        assert result[phase]["jobs"] == 300 and result[phase]["jobs_per_s"] > 0

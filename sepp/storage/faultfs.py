@@ -309,10 +309,6 @@ class FaultyFileSystem:
         d.entries[name] = inode
         return self._open(path, inode)
 
-    def open_append(self, path: str) -> int:
-        self._op("open_append", path)
-        return self._open(path, self._inode(path))
-
     def open_write(self, path: str) -> int:
         self._op("open_write", path)
         return self._open(path, self._inode(path))

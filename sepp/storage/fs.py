@@ -38,10 +38,6 @@ class FileSystem(Protocol):
         an offset."""
         ...
 
-    def open_append(self, path: str) -> int:
-        """Open an existing file for appending; a handle."""
-        ...
-
     def open_write(self, path: str) -> int:
         """Open an existing file for `write_at`; a handle."""
         ...
@@ -88,18 +84,6 @@ class FileSystem(Protocol):
     def supports_fork(self) -> bool:
         """Whether a forked child can write through this seam (real files only)."""
         ...
-
-
-_ZEROS = b""
-
-
-def _zeros(size: int) -> bytes:
-    """`size` zero bytes, from one cached buffer (the writer asks for the same
-    size again and again)."""
-    global _ZEROS
-    if len(_ZEROS) != size:
-        _ZEROS = bytes(size)
-    return _ZEROS
 
 
 class DataDirLocked(OSError):
@@ -150,9 +134,6 @@ class RealFileSystem:
         # No O_APPEND: on Linux it would make pwrite (write_at) ignore its offset.
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
-    def open_append(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_APPEND)
-
     def open_write(self, path: str) -> int:
         return os.open(path, os.O_WRONLY)
 
@@ -169,8 +150,8 @@ class RealFileSystem:
             view = view[written:]
 
     def write_zeros(self, handle: int, offset: int, size: int) -> None:
-        zeros = _zeros(size)
-        self.write_at(handle, zeros, offset)
+        # Once per MiB of log: a fresh zeroed buffer costs nothing next to the write.
+        self.write_at(handle, bytes(size), offset)
 
     def write(self, handle: int, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)

@@ -5,9 +5,10 @@ segment: append a batch, sync it per the persist mode, rotate at a size limit) a
 the persist modes.
 
 Promises:
-- A batch is written with one write and made durable with one sync (`sync_all`:
-  fsync; `sync_data`: fdatasync; `buffer`: none here, the group committer syncs on
-  a timer). The caller releases replies only after `append` returns.
+- A batch is written with one write (plus, once per `PREALLOCATE_BYTES` of log,
+  one write of zeros after it) and made durable with one sync (`sync_all`: fsync;
+  `sync_data`: fdatasync; `buffer`: none here, the group committer syncs on a
+  timer). The caller releases replies only after `append` returns.
 - A new segment's header is written and synced, and its directory synced, before
   any record goes into it: after a crash a segment either exists with a valid
   header or holds nothing that was ever acknowledged.
