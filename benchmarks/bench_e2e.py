@@ -11,6 +11,7 @@ reported, so a run where it was the bottleneck shows (>= 90% is flagged).
     python -m benchmarks.bench_e2e --sweep              # + concurrency 1/8/64/256 (sync_data)
     python -m benchmarks.bench_e2e --batch 256          # + batch enqueue of 256 per request
     python -m benchmarks.bench_e2e --modes sync_data --runs 3 --jobs 50000
+    python -m benchmarks.bench_e2e --modes sync_data --builds pure compiled   # side by side
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    check_builds,
     fsync_rate,
     machine_line,
     median,
@@ -34,6 +36,7 @@ from benchmarks.common import (
     server_loop,
     server_sync,
 )
+from log_format._compiled import BUILDS, build_env, build_name
 from sepp.server.loops import EVENT_LOOPS
 from sepp.server.pipeline import SYNC_METHODS
 
@@ -118,11 +121,13 @@ def one_run(
     latency: bool = True,
     loop: str | None = None,
     sync_method: str | None = None,
+    build: str | None = None,
 ) -> dict[str, Any]:
     """One server, one load-generator run. `loop`: the server's event loop
-    (server.event_loop), `sync_method` its storage.sync_method; None = whatever
-    the environment says (default auto)."""
-    env = {}
+    (server.event_loop), `sync_method` its storage.sync_method, `build` "pure" or
+    "compiled" (the compiled build must exist: `python -m tools.compile`); None =
+    whatever the environment says (default auto, and the checkout's build)."""
+    env = build_env(build) if build is not None else {}
     if loop is not None:
         env["SEPP_SERVER__EVENT_LOOP"] = loop
     if sync_method is not None:
@@ -174,8 +179,23 @@ def main() -> None:
         default=[None],
         help="the server's storage.sync_method(s); several are measured side by side, runs interleaved",
     )
+    parser.add_argument(
+        "--builds",
+        nargs="+",
+        choices=BUILDS,
+        default=[None],
+        help="the server's build(s) (compiled needs `python -m tools.compile` first); several are measured side by side, runs interleaved",
+    )
     args = parser.parse_args()
-    variants = [(loop, sync) for loop in args.loops for sync in args.sync_methods]
+    problem = check_builds(args.builds)
+    if problem:
+        parser.error(problem)
+    variants = [
+        (loop, sync, build)
+        for build in args.builds
+        for loop in args.loops
+        for sync in args.sync_methods
+    ]
     pin = not args.no_pin
 
     print(machine_line())
@@ -192,7 +212,7 @@ def main() -> None:
         label: str,
         mode: str,
         conns: int,
-        variant: tuple[str | None, str | None],
+        variant: tuple[str | None, str | None, str | None],
         results: list[dict[str, Any]],
     ) -> None:
         def med(phase: str, key: str) -> float:
@@ -220,7 +240,7 @@ def main() -> None:
             (
                 label,
                 mode,
-                f"{server_loop(variant[0])} / {server_sync(mode, variant[1])}",
+                f"{variant[2] or build_name()} / {server_loop(variant[0])} / {server_sync(mode, variant[1])}",
                 conns,
                 med("enqueue", "jobs_per_s"),
                 med("drain", "jobs_per_s") if "drain" in results[0] else "",
@@ -238,11 +258,11 @@ def main() -> None:
         label: str, mode: str, conns: int, jobs: int, batch: int = 1, latency: bool = True
     ) -> None:
         # With several variants, run index by run index so drift spreads over all.
-        results: dict[tuple[str | None, str | None], list[dict[str, Any]]] = {
+        results: dict[tuple[str | None, str | None, str | None], list[dict[str, Any]]] = {
             variant: [] for variant in variants
         }
         for _ in range(args.runs):
-            for loop, sync in variants:
+            for loop, sync, build in variants:
                 run = one_run(
                     mode,
                     conns,
@@ -252,8 +272,9 @@ def main() -> None:
                     latency=latency,
                     loop=loop,
                     sync_method=sync,
+                    build=build,
                 )
-                results[(loop, sync)].append(run)
+                results[(loop, sync, build)].append(run)
         for variant in variants:
             add_row(label, mode, conns, variant, results[variant])
 
@@ -270,7 +291,7 @@ def main() -> None:
         [
             "run",
             "persist mode",
-            "server loop / sync",
+            "build / loop / sync",
             "conns",
             "enqueue jobs/s",
             "drain jobs/s",

@@ -54,6 +54,17 @@ def machine_line() -> str:
     )
 
 
+def check_builds(builds: Sequence[str | None]) -> str | None:
+    """Why these builds cannot be benchmarked (the compiled build was not built, or
+    is stale), or None."""
+    if "compiled" in builds and build_name(ignore_env=True) != "compiled":
+        return (
+            f"the compiled build is not in this checkout ({build_name(ignore_env=True)}): "
+            "run `python -m tools.compile` first"
+        )
+    return None
+
+
 def server_loop(setting: str | None = None) -> str:
     """The event loop `sepp serve` runs on with this setting (default: the
     environment's SEPP_SERVER__EVENT_LOOP, else auto), with uvloop's version."""

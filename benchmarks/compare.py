@@ -15,6 +15,11 @@ is stopped by PID when its run ends (also on Ctrl-C and errors).
     python -m benchmarks.compare --quick              # 50,000 jobs, 1 run
     python -m benchmarks.compare --buffered --sweep   # + buffered table, + concurrency sweep
     python -m benchmarks.compare --brokers sepp nats --runs 1 --jobs 20000
+    python -m benchmarks.compare --sepp-builds pure   # sepp's pure-Python build only
+
+sepp runs in both builds when the compiled build exists (`python -m tools.compile`;
+"sepp compiled" and "sepp pure" rows, the compiled one the reference for the
+ratios and the verdicts of both printed), else in the pure build.
 
 Writes <out>/compare-<stamp>.{txt,csv,png} (+ -runs.csv with every single run);
 <out> defaults to benchmarks/results/.
@@ -39,9 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_e2e
-from benchmarks.common import fsync_rate, machine_line, median, server_loop, server_sync
+from benchmarks.common import (
+    check_builds,
+    fsync_rate,
+    machine_line,
+    median,
+    server_loop,
+    server_sync,
+)
 from benchmarks.peers.brokers import PEERS, Broker, DriverError, stop_all, taskset
-from log_format._compiled import build_name
+from log_format._compiled import BUILDS, build_name
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = Path(__file__).resolve().parent / "peers" / "install.sh"
@@ -68,6 +80,7 @@ class Row:
     per_op_fsync: bool = False
     runs: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    build: str = ""  # sepp's rows: "pure" or "compiled"
 
     @property
     def label(self) -> str:
@@ -95,12 +108,18 @@ class Row:
 
 
 def run_sepp(
-    persist_mode: str, connections: int, jobs: int, pin: bool, latency: bool, rounds: int
+    persist_mode: str,
+    build: str,
+    connections: int,
+    jobs: int,
+    pin: bool,
+    latency: bool,
+    rounds: int,
 ) -> dict[str, Any]:
     # bench_e2e.one_run starts `sepp serve` pinned to core 0 (snapshots off) and
     # loadgen pinned to core 1, exactly as `python -m benchmarks.bench_e2e` does.
     del rounds  # one_run uses loadgen's 2,000 latency rounds
-    result = bench_e2e.one_run(persist_mode, connections, jobs, pin, latency=latency)
+    result = bench_e2e.one_run(persist_mode, connections, jobs, pin, latency=latency, build=build)
     result["client"] = "benchmarks/loadgen.py (raw protocol, asyncio)"
     return result
 
@@ -193,13 +212,31 @@ def measure(
 
 
 def make_rows(
-    section: str, mode: str, keys: list[str], sepp_modes: list[str], connections: int, jobs: int
+    section: str,
+    mode: str,
+    keys: list[str],
+    sepp_modes: list[str],
+    connections: int,
+    jobs: int,
+    builds: list[str],
 ) -> list[Row]:
     rows = []
     for key in keys:
         if key == "sepp":
-            for persist in sepp_modes:
-                rows.append(Row(section, "sepp", "sepp", mode, persist, connections, jobs))
+            for build in builds:
+                for persist in sepp_modes:
+                    rows.append(
+                        Row(
+                            section,
+                            f"sepp {build}",
+                            "sepp",
+                            mode,
+                            persist,
+                            connections,
+                            jobs,
+                            build=build,
+                        )
+                    )
         else:
             cls = PEERS[key]
             setting = cls(mode).setting()
@@ -211,7 +248,9 @@ def make_rows(
 
 def runner_for(row: Row, pin: bool, latency: bool, rounds: int) -> Callable[[], dict[str, Any]]:
     if row.key == "sepp":
-        return lambda: run_sepp(row.setting, row.connections, row.jobs, pin, latency, rounds)
+        return lambda: run_sepp(
+            row.setting, row.build, row.connections, row.jobs, pin, latency, rounds
+        )
     cls = PEERS[row.key]
     return lambda: run_peer(cls, row.mode, row.connections, row.jobs, pin, latency, rounds)
 
@@ -360,11 +399,18 @@ def sweep_table(rows: list[Row]) -> str:
     return md_table(headers, body, right=set(range(0, len(headers))))
 
 
-def verdicts(rows: list[Row]) -> list[str]:
-    ref = next((r for r in rows if r.key == "sepp" and r.setting == "sync_data" and r.runs), None)
+def verdicts(rows: list[Row], build: str) -> list[str]:
+    ref = next(
+        (
+            r
+            for r in rows
+            if r.key == "sepp" and r.setting == "sync_data" and r.build == build and r.runs
+        ),
+        None,
+    )
     peers = [r for r in rows if r.key != "sepp" and r.runs]
     if ref is None or not peers:
-        return ["verdict: needs sepp sync_data and at least one durable peer"]
+        return [f"verdict: needs sepp {build} sync_data and at least one durable peer"]
     out = []
     for phase, best_t, perop_t in (
         ("enqueue", TARGET_ENQ_BEST, TARGET_ENQ_PEROP),
@@ -375,7 +421,7 @@ def verdicts(rows: list[Row]) -> list[str]:
         b = best.med(phase, "jobs_per_s") or 0.0
         rr = mine / b if b else float("inf")
         out.append(
-            f"{phase.capitalize()} >= {best_t}x the best peer: sepp {mine:,.0f}/s vs {best.broker} {b:,.0f}/s"
+            f"{phase.capitalize()} >= {best_t}x the best peer: sepp {build} {mine:,.0f}/s vs {best.broker} {b:,.0f}/s"
             f" = {rr:.2f}x -> {'MET' if rr >= best_t else 'NOT MET'}"
         )
         perop = [r for r in peers if r.per_op_fsync]
@@ -556,7 +602,7 @@ def versions(keys: list[str]) -> list[str]:
     out = []
     if "sepp" in keys:
         out.append(
-            f"sepp {pkg_version('sepp')} (python {platform.python_version()}, event loop {server_loop()}, durable syncs by {server_sync('sync_data')}, build {build_name()}), msgpack {pkg_version('msgpack')}"
+            f"sepp {pkg_version('sepp')} (python {platform.python_version()}, event loop {server_loop()}, durable syncs by {server_sync('sync_data')}, builds in this checkout: {build_name(ignore_env=True)}), msgpack {pkg_version('msgpack')}"
         )
     for key in keys:
         if key != "sepp":
@@ -601,6 +647,14 @@ def main() -> int:
         default=["sync_data", "sync_all"],
         help="sepp's durable persist modes",
     )
+    parser.add_argument(
+        "--sepp-builds",
+        nargs="+",
+        choices=BUILDS,
+        default=None,
+        help="sepp's builds in the durable table, the first one the reference for the ratios "
+        "(default: compiled then pure when `python -m tools.compile` was run, else pure)",
+    )
     parser.add_argument("--no-durable", action="store_true", help="skip the durable headline table")
     parser.add_argument(
         "--buffered",
@@ -624,6 +678,12 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
+    builds = args.sepp_builds or (
+        ["compiled", "pure"] if build_name(ignore_env=True) == "compiled" else ["pure"]
+    )
+    problem = check_builds(builds)
+    if problem:
+        parser.error(problem)
     jobs = args.jobs or (50_000 if args.quick else METHOD_JOBS)
     runs = args.runs or (1 if args.quick else 3)
     pin = not args.no_pin
@@ -677,10 +737,11 @@ def main() -> int:
     durable = (
         []
         if args.no_durable
-        else make_rows("durable", "durable", keys, args.sepp_modes, args.connections, jobs)
+        else make_rows("durable", "durable", keys, args.sepp_modes, args.connections, jobs, builds)
     )
+    # The buffered table and the sweep run the reference build only.
     buffered = (
-        make_rows("buffered", "buffered", keys, ["buffer"], args.connections, jobs)
+        make_rows("buffered", "buffered", keys, ["buffer"], args.connections, jobs, builds[:1])
         if args.buffered
         else []
     )
@@ -689,7 +750,13 @@ def main() -> int:
     if args.sweep:
         for conns, n in SWEEP:
             sweep += make_rows(
-                "sweep", "durable", keys, ["sync_data"], conns, max(conns * 20, round(n * scale))
+                "sweep",
+                "durable",
+                keys,
+                ["sync_data"],
+                conns,
+                max(conns * 20, round(n * scale)),
+                builds[:1],
             )
 
     try:
@@ -734,12 +801,13 @@ def main() -> int:
                 for r in pool
                 if r.key == "sepp"
                 and r.setting == want
+                and r.build == builds[0]
                 and r.connections == row.connections
                 and r.runs
             ),
             None,
         )
-        return ref, f"sepp {want}"
+        return ref, f"sepp {builds[0]} {want}"
 
     all_rows = durable + buffered + sweep
     if durable:
@@ -750,8 +818,9 @@ def main() -> int:
         )
         log(headline_table(durable, ref, name))
         log("")
-        for v in verdicts(durable):
-            log(v)
+        for build in builds:
+            for v in verdicts(durable, build):
+                log(v)
     if buffered:
         ref, name = ref_of(buffered[0])
         log("")

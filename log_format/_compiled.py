@@ -1,9 +1,9 @@
 """The optional compiled build of this repository: which modules it compiles, which
 build a process is running, and the guards that keep a stale build from running.
 
-Owns: `COMPILED_MODULES` (the replay hot path: the modules `python -m tools.compile`
-compiles with mypyc into extension modules next to their sources), `PURE_ENV`,
-`guard(package)` and `build_name()`.
+Owns: `COMPILED_MODULES` (the replay and request hot paths: the modules
+`python -m tools.compile` compiles with mypyc into extension modules next to their
+sources), `PURE_ENV`, `guard(package)`, `build_name()` and `build_env(build)`.
 
 Promises: a compiled module is only ever loaded when it was built from the source
 beside it. `guard(package)` — called by `log_format/__init__.py` and
@@ -29,10 +29,14 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
-# Replay, verify and snapshot loading. Not compiled, on purpose: modules whose
-# functions validate arguments of the wrong type (compiled code checks declared
-# types itself, so a bool passed as an int would be converted before the check),
-# and modules whose classes subclass built-in exceptions or NamedTuple.
+# Replay, verify and snapshot loading, and the server's request path (framing,
+# decoding, parsing, decide, the record envelope). Compiled code converts a value
+# read through a declared type (a bool read as an int becomes the int; a string
+# read as an int raises TypeError), so a compiled module checks what callers pass
+# through untyped views (decide's `fields: tuple[object, ...] = command`), and
+# tests/core/test_field_types.py holds both builds to the same answers. Not
+# compiled: modules whose classes subclass built-in exceptions or other classes
+# (the commands and events, the storage engine, the server's asyncio protocol).
 COMPILED_MODULES: tuple[str, ...] = (
     "log_format._bytes",
     "log_format.crc",
@@ -43,6 +47,12 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sepp.core.snapshot",
     "sepp.core.invariants",
     "sepp.storage.replay",
+    "sepp.core.decide",
+    "sepp.protocol.messages",
+    "sepp.protocol.framing",
+    "sepp.server.wire",
+    "sepp.server.ids",
+    "log_format.envelope",
 )
 # The support library mypyc builds for the group (importable as a package module,
 # so it is found wherever the package is).
@@ -144,10 +154,22 @@ def running_build() -> str:
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
-def build_name() -> str:
+BUILDS = ("pure", "compiled")
+
+
+def build_env(build: str) -> dict[str, str]:
+    """The environment a child process needs to run `build` ("pure" or "compiled")
+    of this checkout, whatever this process runs."""
+    if build not in BUILDS:
+        raise ValueError(f"unknown build {build!r} (expected one of {', '.join(BUILDS)})")
+    return {PURE_ENV: "1" if build == "pure" else ""}
+
+
+def build_name(ignore_env: bool = False) -> str:
     """The build this process runs: "compiled", "pure" or "partial (k/n
-    compiled)" (for logs and benchmark headers)."""
-    if _pure_requested():
+    compiled)" (for logs and benchmark headers). With `ignore_env`, the build a
+    process started without SEPP_PURE would run: what the checkout holds."""
+    if _pure_requested() and not ignore_env:
         return "pure"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     count = 0

@@ -122,10 +122,12 @@ def _packer() -> Callable[[Any], bytes]:
     return pack
 
 
-def encode_envelope(time_ms: int, command_kind: int, events: list[list[Any]]) -> bytes:
+def encode_envelope(time_ms: object, command_kind: object, events: object) -> bytes:
     """The body of one command record: all events of one command, in order.
 
-    Raises ValueError for a bad time or command kind or an event that is not a list
+    `time_ms` an int >= 0, `command_kind` a known command kind, `events` a list of
+    event lists; typed `object` because it checks them itself (a compiled build
+    would convert a declared int before the check: True to 1). Raises ValueError for a bad time or command kind or an event that is not a list
     of at least [type_id, version]; msgpack's TypeError / OverflowError for values it
     cannot encode. Field values are not checked against the catalogue here."""
     if type(time_ms) is not int or time_ms < 0:

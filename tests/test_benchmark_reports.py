@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_requests
-from benchmarks.common import server_loop, server_sync
-from benchmarks.compare import Row, headline_table, verdicts
+from benchmarks import bench_requests, common
+from benchmarks.common import check_builds, server_loop, server_sync
+from benchmarks.compare import Row, headline_table, make_rows, verdicts
+from log_format._compiled import build_env
 from sepp.server import loops
 from sepp.storage.aio import aio_unavailable
 from tests.conftest import ServerProcess
@@ -30,8 +31,10 @@ def _run(enqueue: float, drain: float, cpu: float) -> dict:
     }
 
 
-def _row(key: str, setting: str, runs: list[dict], per_op_fsync: bool = False) -> Row:
-    return Row("durable", key, key, "durable", setting, 50, 1000, per_op_fsync, runs)
+def _row(
+    key: str, setting: str, runs: list[dict], per_op_fsync: bool = False, build: str = ""
+) -> Row:
+    return Row("durable", key, key, "durable", setting, 50, 1000, per_op_fsync, runs, build=build)
 
 
 def test_cpu_per_job_is_the_median_over_runs_of_share_over_rate() -> None:
@@ -48,18 +51,40 @@ def test_cpu_per_job_is_the_median_over_runs_of_share_over_rate() -> None:
 
 def test_verdicts_compare_sepp_with_the_best_and_the_per_operation_fsync_peers() -> None:
     rows = [
-        _row("sepp", "sync_data", [_run(28_000, 14_000, 0.9)]),
+        _row("sepp", "sync_data", [_run(28_000, 14_000, 0.9)], build="compiled"),
+        _row("sepp", "sync_data", [_run(27_000, 12_000, 0.9)], build="pure"),
         _row("bullmq", "always", [_run(20_000, 7_000, 0.7)]),
         _row("beanstalkd", "-f 0", [_run(7_000, 5_000, 0.4)], per_op_fsync=True),
     ]
-    lines = verdicts(rows)
+    lines = verdicts(rows, "compiled")
+    assert "sepp compiled 28,000/s" in lines[0], lines[0]
     assert lines[0].endswith("= 1.40x -> MET"), lines[0]  # 28k / 20k enqueue
     assert lines[1].endswith("-> MET"), lines[1]  # 4.0x beanstalkd
     assert lines[2].endswith("= 2.00x -> MET"), lines[2]  # drain vs BullMQ
     assert "2.80x" in lines[3] and lines[3].endswith("-> MET"), lines[3]
-    rows[0] = _row("sepp", "sync_data", [_run(27_000, 12_000, 0.9)])
-    lines = verdicts(rows)
+    lines = verdicts(rows, "pure")  # each build is judged on its own row
     assert lines[0].endswith("NOT MET") and lines[3].endswith("NOT MET"), lines
+    assert verdicts(rows[2:], "pure") == [
+        "verdict: needs sepp pure sync_data and at least one durable peer"
+    ]
+
+
+def test_a_compiled_build_that_is_not_there_cannot_be_benchmarked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(common, "build_name", lambda ignore_env=False: "pure")
+    assert check_builds(["pure"]) is None
+    problem = check_builds(["pure", "compiled"])
+    assert problem is not None and "python -m tools.compile" in problem
+    monkeypatch.setattr(common, "build_name", lambda ignore_env=False: "compiled")
+    assert check_builds(["compiled"]) is None
+
+
+def test_a_build_is_run_through_the_environment() -> None:
+    assert build_env("pure") == {"SEPP_PURE": "1"}
+    assert build_env("compiled") == {"SEPP_PURE": ""}
+    with pytest.raises(ValueError, match="unknown build"):
+        build_env("fast")
 
 
 def test_the_headline_table_shows_cpu_per_job_and_ratios() -> None:
@@ -120,3 +145,13 @@ def test_the_load_generator_runs_its_phases_on_the_loop_asked_for(
     assert result["loop"] == loop
     for phase in ("enqueue", "drain"):
         assert result[phase]["jobs"] == 300 and result[phase]["jobs_per_s"] > 0
+
+
+def test_sepp_gets_a_row_per_build_and_persist_mode() -> None:
+    rows = make_rows("durable", "durable", ["sepp"], ["sync_data", "sync_all"], 50, 1000, ["compiled", "pure"])  # fmt: skip
+    assert [(r.broker, r.setting, r.build) for r in rows] == [
+        ("sepp compiled", "sync_data", "compiled"),
+        ("sepp compiled", "sync_all", "compiled"),
+        ("sepp pure", "sync_data", "pure"),
+        ("sepp pure", "sync_all", "pure"),
+    ]

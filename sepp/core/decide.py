@@ -19,7 +19,7 @@ import re
 import zlib
 from collections.abc import Iterator, Mapping
 from heapq import heappop, heappush, merge
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard, cast
 
 from sepp.core.commands import (
     RETRY_DEAD_LETTER,
@@ -145,8 +145,21 @@ def canonical_job_id(job_id: object) -> str | None:
     return lowered if _UUID_MATCH(lowered) else None
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Every check of what a caller passed reads the command's fields as they really are,
+# through an untyped view of the command (`fields: tuple[object, ...] = command`, or
+# `_field` for the dataclass commands), never through the typed attribute: in the
+# compiled build (mypyc) a typed read converts the value to the declared type first,
+# so a bool read as an int becomes the int and a string read as an int raises
+# TypeError, where the check must see the value and refuse it. Once checked, the
+# typed attributes are safe to use.
+
+
+def _field(command: object, name: str) -> object:
+    return getattr(command, name)
 
 
 def _utf8_len(value: str) -> int:
@@ -179,7 +192,7 @@ def _optional_worker_id(worker_id: object) -> str | None:
 
 def _fence(state: State, job_id: object, attempt: object) -> Job | CommandError:
     """The in-flight job a worker may act on, or the fencing error."""
-    if not _is_int(attempt) or attempt < 1:  # type: ignore[operator]
+    if not _is_int(attempt) or attempt < 1:
         return InvalidArgument("attempt must be an integer >= 1")
     # A live job's id is a key of state.jobs in canonical form: a hit needs no
     # format check (the usual ack, nack or extend).
@@ -242,68 +255,78 @@ def _custom_rejection(custom: object, policy: QueuePolicy) -> Rejection | None:
 def validate_new_job(state: State, job: NewJob, now: int) -> Rejection | None:
     """Per-job checks that do not depend on other jobs: structure, strict mode,
     sizes and allow-lists, schedule horizon (sepp-semantics.md §12, §13)."""
-    if job.invalid is not None:
-        return InvalidRequest(job.invalid)
+    fields: tuple[object, ...] = job
+    (
+        _,
+        queue,
+        job_type,
+        data,
+        encoding,
+        key,
+        priority,
+        max_attempts,
+        scheduled_at,
+        traceparent,
+        tracestate,
+        custom,
+        invalid,
+    ) = fields
+    if invalid is not None:
+        return InvalidRequest(invalid if isinstance(invalid, str) else repr(invalid))
     config = state.config
     limits = config.limits
-    queue = job.queue
     problem = _queue_name_error(queue)
     if problem is not None:
         return InvalidRequest(problem)
+    queue = cast(str, queue)  # _queue_name_error checked it is one
     queue_bytes = _utf8_len(queue)
     if queue_bytes > limits.max_queue_name_bytes:
         return QueueNameTooLong(limits.max_queue_name_bytes, queue_bytes)
-    job_type = job.job_type
     if not isinstance(job_type, str) or not job_type:
         return InvalidRequest("job_type must be a non-empty string")
     type_bytes = _utf8_len(job_type)
     if type_bytes > limits.max_job_type_bytes:
         return JobTypeNameTooLong(limits.max_job_type_bytes, type_bytes)
-    data = job.payload_data
-    encoding = job.payload_encoding
     if data is not None or encoding is not None:
         if not isinstance(data, bytes) or not data:
             return InvalidRequest("payload data must be non-empty bytes")
         if not isinstance(encoding, str) or not encoding:
             return InvalidRequest("payload encoding must be a non-empty string")
-    key = job.idempotency_key
     if key is not None:
         if not isinstance(key, str) or not key:
             return InvalidRequest("idempotency_key must be a non-empty string when given")
         key_bytes = _utf8_len(key)
         if key_bytes > limits.max_idempotency_key_bytes:
             return IdempotencyKeyTooLong(limits.max_idempotency_key_bytes, key_bytes)
-    if job.priority is not None and (not _is_int(job.priority) or not 0 <= job.priority <= 9):
-        return InvalidRequest(f"priority must be 0-9, got {job.priority!r}")
-    if job.max_attempts is not None and (not _is_int(job.max_attempts) or job.max_attempts < 1):
-        return InvalidRequest(f"max_attempts must be >= 1, got {job.max_attempts!r}")
-    if job.traceparent is not None or job.tracestate is not None:
-        if not isinstance(job.traceparent, str) or not job.traceparent:
+    if priority is not None and (not _is_int(priority) or not 0 <= priority <= 9):
+        return InvalidRequest(f"priority must be 0-9, got {priority!r}")
+    if max_attempts is not None and (not _is_int(max_attempts) or max_attempts < 1):
+        return InvalidRequest(f"max_attempts must be >= 1, got {max_attempts!r}")
+    if traceparent is not None or tracestate is not None:
+        if not isinstance(traceparent, str) or not traceparent:
             return InvalidRequest("trace context needs a non-empty traceparent")
-        if job.tracestate is not None and not isinstance(job.tracestate, str):
+        if tracestate is not None and not isinstance(tracestate, str):
             return InvalidRequest("tracestate must be a string")
-    if job.scheduled_at is not None and not _is_int(job.scheduled_at):
+    if scheduled_at is not None and not _is_int(scheduled_at):
         return InvalidRequest("scheduled_at must be an integer time in ms")
     declared = queue in config.queues
     if config.strict_queues and not declared:
         return UnknownQueue(queue)
     policy = config.queues[queue] if declared else config.defaults
-    if data is not None and len(data) > policy.max_payload_bytes:
+    if isinstance(data, bytes) and len(data) > policy.max_payload_bytes:
         return PayloadTooLarge(policy.max_payload_bytes, len(data))
     allowed = policy.allowed_encodings
-    if allowed is not None and encoding is not None and encoding not in allowed:
+    if allowed is not None and isinstance(encoding, str) and encoding not in allowed:
         return EncodingNotAllowed(encoding, allowed)
     allowed_types = policy.allowed_job_types
     if allowed_types is not None and job_type not in allowed_types:
         return JobTypeNotAllowed(job_type, allowed_types)
-    if job.custom:
-        rejection = _custom_rejection(job.custom, policy)
+    if custom is not None:
+        rejection = _custom_rejection(custom, policy)
         if rejection is not None:
             return rejection
-    elif job.custom is not None and not isinstance(job.custom, Mapping):
-        return InvalidRequest("custom must be a map")
-    if job.scheduled_at is not None and job.scheduled_at > now + policy.max_schedule_horizon_ms:
-        return ScheduledTooFar(policy.max_schedule_horizon_ms, job.scheduled_at)
+    if scheduled_at is not None and scheduled_at > now + policy.max_schedule_horizon_ms:
+        return ScheduledTooFar(policy.max_schedule_horizon_ms, scheduled_at)
     return None
 
 
@@ -361,9 +384,10 @@ def _admit(
 ) -> tuple[Accepted | Rejection, JobEnqueued | None]:
     """One job of an enqueue: its reply entry and, if it creates a job, its event."""
     rejection = validate_new_job(state, job, now)
-    job_id = canonical_job_id(job.job_id)
     if rejection is not None:
         return rejection, None
+    fields: tuple[object, ...] = job
+    job_id = canonical_job_id(fields[0])
     if (
         job_id is None
         or job_id in state.jobs
@@ -372,7 +396,7 @@ def _admit(
     ):
         # Ids are assigned by the server edge; a bad or reused one is a bug
         # upstream, refused rather than allowed to alias another job.
-        return InvalidRequest(f"job id {job.job_id!r:.60} is not a fresh UUID"), None
+        return InvalidRequest(f"job id {fields[0]!r:.60} is not a fresh UUID"), None
     queue = job.queue
     key = job.idempotency_key
     if key is not None:
@@ -400,6 +424,15 @@ def _admit(
 
 
 def _decide_enqueue(state: State, cmd: Enqueue, now: int) -> Decision | CommandError:
+    fields: tuple[object, ...] = cmd
+    raw_jobs, atomic = fields
+    if type(raw_jobs) is not tuple:
+        return InvalidArgument("an enqueue's jobs must be a tuple of NewJob")
+    for raw in raw_jobs:
+        if type(raw) is not NewJob:
+            return InvalidArgument(f"an enqueue's jobs must be NewJob, not {type(raw).__name__}")
+    if type(atomic) is not bool:
+        return InvalidArgument("atomic must be a bool")
     jobs = cmd.jobs
     limit = state.config.limits.max_enqueue_batch
     if not jobs:
@@ -463,6 +496,13 @@ def _ordered(heap: list[Any]) -> Iterator[Any]:
 def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandError:
     config = state.config
     limits = config.limits
+    fields: tuple[object, ...] = cmd
+    raw_queues, lease_ms, max_jobs, worker_id, max_bytes = fields
+    if type(raw_queues) is not tuple:
+        return InvalidArgument("reserve's queues must be a tuple of queue names")
+    for name in raw_queues:
+        if type(name) is not str:
+            return InvalidArgument("queue name must be a non-empty string")
     queues = cmd.queues
     if not queues:
         return InvalidArgument("reserve needs at least one queue")
@@ -489,15 +529,17 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
             )
         cap = (config.queues[name] if declared else config.defaults).max_lease_duration_ms
         lease_cap = min(lease_cap, cap)
-    if not _is_int(cmd.lease_ms) or cmd.lease_ms <= 0:
+    if not _is_int(lease_ms) or lease_ms <= 0:
         return InvalidArgument("lease duration must be a positive number of ms")
-    if not _is_int(cmd.max_jobs) or cmd.max_jobs < 1:
+    if not _is_int(max_jobs) or max_jobs < 1:
         return InvalidArgument("max_jobs must be >= 1")
-    problem = _optional_worker_id(cmd.worker_id)
+    if max_bytes is not None and (not _is_int(max_bytes) or max_bytes < 0):
+        return InvalidArgument("max_bytes must be an integer >= 0 when given")
+    problem = _optional_worker_id(worker_id)
     if problem is not None:
         return InvalidArgument(problem)
-    want = min(cmd.max_jobs, limits.max_reserve_batch)
-    deadline = now + min(cmd.lease_ms, lease_cap)
+    want = min(max_jobs, limits.max_reserve_batch)
+    deadline = now + min(lease_ms, lease_cap)
     picked = _first_ready(state, queues) if want == 1 else _pick(state, queues, want, cmd.max_bytes)
     if not picked:
         return Decision((), now, ReserveResult(()), NOTHING_WOKEN)
@@ -577,10 +619,12 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
 
 
 def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
-    problem = _optional_worker_id(cmd.worker_id)
+    fields: tuple[object, ...] = cmd
+    job_id, attempt, worker_id = fields
+    problem = _optional_worker_id(worker_id)
     if problem is not None:
         return InvalidArgument(problem)
-    job = _fence(state, cmd.job_id, cmd.attempt)
+    job = _fence(state, job_id, attempt)
     if isinstance(job, CommandError):
         return job
     event = _new_tuple(JobAcked, (job.job_id, job.attempt, cmd.worker_id))
@@ -620,16 +664,18 @@ def _dead_letter_event(
 
 
 def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
-    problem = _optional_worker_id(cmd.worker_id)
+    fields: tuple[object, ...] = cmd
+    job_id, attempt, retry, delay_ms, reason, worker_id = fields
+    problem = _optional_worker_id(worker_id)
     if problem is not None:
         return InvalidArgument(problem)
-    if cmd.reason is not None and not isinstance(cmd.reason, str):
+    if reason is not None and not isinstance(reason, str):
         return InvalidArgument("reason must be a string")
-    if cmd.retry not in (RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER):
-        return InvalidArgument(f"unknown retry directive {cmd.retry!r}")
-    if cmd.retry == RETRY_DELAY and (not _is_int(cmd.delay_ms) or cmd.delay_ms < 0):  # type: ignore[operator]
+    if type(retry) is not str or retry not in (RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER):
+        return InvalidArgument(f"unknown retry directive {retry!r:.60}")
+    if retry == RETRY_DELAY and (not _is_int(delay_ms) or delay_ms < 0):
         return InvalidArgument("a retry delay must be an integer >= 0 ms")
-    job = _fence(state, cmd.job_id, cmd.attempt)
+    job = _fence(state, job_id, attempt)
     if isinstance(job, CommandError):
         return job
     if cmd.retry == RETRY_DEAD_LETTER:
@@ -656,12 +702,14 @@ def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
 
 
 def _decide_extend(state: State, cmd: Extend, now: int) -> Decision | CommandError:
-    problem = _optional_worker_id(cmd.worker_id)
+    fields: tuple[object, ...] = cmd
+    job_id, attempt, lease_ms, worker_id = fields
+    problem = _optional_worker_id(worker_id)
     if problem is not None:
         return InvalidArgument(problem)
-    if not _is_int(cmd.lease_ms) or cmd.lease_ms <= 0:
+    if not _is_int(lease_ms) or lease_ms <= 0:
         return InvalidArgument("lease duration must be a positive number of ms")
-    job = _fence(state, cmd.job_id, cmd.attempt)
+    job = _fence(state, job_id, attempt)
     if isinstance(job, CommandError):
         return job
     cap = state.config.policy(job.queue).max_lease_duration_ms
@@ -677,9 +725,11 @@ def _decide_extend(state: State, cmd: Extend, now: int) -> Decision | CommandErr
 
 
 def _decide_drain(state: State, cmd: DrainDeadLetters, now: int) -> Decision | CommandError:
-    if cmd.queue is not None and (not isinstance(cmd.queue, str) or not cmd.queue):
+    queue = _field(cmd, "queue")
+    if queue is not None and (not isinstance(queue, str) or not queue):
         return InvalidArgument("queue must be a non-empty string when given")
-    if not _is_int(cmd.max_records) or cmd.max_records < 1:
+    max_records = _field(cmd, "max_records")
+    if not _is_int(max_records) or max_records < 1:
         return InvalidArgument("max must be >= 1")
     want = min(cmd.max_records, state.config.limits.max_reserve_batch)
     if cmd.queue is None:
@@ -696,17 +746,30 @@ def _decide_drain(state: State, cmd: DrainDeadLetters, now: int) -> Decision | C
     return Decision(events, now, DrainResult(tuple(r.view() for r in records)), NOTHING_WOKEN)
 
 
+def _operator_ids(command: DeadLetterJobs | RequeueDeadLetters) -> tuple[object, ...] | str:
+    """An operator action's job ids as passed (any may be junk: each is refused on
+    its own), or what is wrong with them."""
+    job_ids = _field(command, "job_ids")
+    if type(job_ids) is not tuple:
+        return "job_ids must be a tuple of job ids"
+    if len(job_ids) > 100:
+        return "an operator action handles at most 100 jobs"
+    return job_ids
+
+
 def _decide_dead_letter_jobs(
     state: State, cmd: DeadLetterJobs, now: int
 ) -> Decision | CommandError:
-    if cmd.reason is not None and not isinstance(cmd.reason, str):
+    reason = _field(cmd, "reason")
+    if reason is not None and not isinstance(reason, str):
         return InvalidArgument("reason must be a string")
-    if len(cmd.job_ids) > 100:
-        return InvalidArgument("an operator action handles at most 100 jobs")
+    job_ids = _operator_ids(cmd)
+    if isinstance(job_ids, str):
+        return InvalidArgument(job_ids)
     events: list[Event] = []
     affected: list[str] = []
     refused: list[tuple[str, str]] = []
-    for raw in cmd.job_ids:
+    for raw in job_ids:
         jid = canonical_job_id(raw)
         job = state.jobs.get(jid) if jid is not None else None
         if jid is None or job is None:
@@ -724,13 +787,14 @@ def _decide_dead_letter_jobs(
 
 
 def _decide_requeue(state: State, cmd: RequeueDeadLetters, now: int) -> Decision | CommandError:
-    if len(cmd.job_ids) > 100:
-        return InvalidArgument("an operator action handles at most 100 jobs")
+    job_ids = _operator_ids(cmd)
+    if isinstance(job_ids, str):
+        return InvalidArgument(job_ids)
     events: list[Event] = []
     affected: list[str] = []
     refused: list[tuple[str, str]] = []
     woken: set[str] = set()
-    for raw in cmd.job_ids:
+    for raw in job_ids:
         jid = canonical_job_id(raw)
         record = state.dead.get(jid) if jid is not None else None
         if jid is None or record is None:

@@ -523,7 +523,7 @@ class ClientConnection(asyncio.Protocol):
             self._refuse(perr.RESOURCE_EXHAUSTED, "too_many_connections", "too many connections")
             return
         server.connections.add(self)
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(server.handshake_timeout_s, self._handshake_expired)
 
