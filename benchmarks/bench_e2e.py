@@ -107,7 +107,10 @@ def loadgen(port: int, pin: bool, **options: Any) -> dict[str, Any]:
             cmd += [flag, *map(str, value)]
         else:
             cmd += [flag, str(value)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    # The same driver whichever build the server runs: the load generator imports
+    # sepp.protocol, so it always runs the pure build.
+    env = {**os.environ, **build_env("pure")}
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

@@ -29,8 +29,13 @@ def test_twenty_real_sigkill_cycles_lose_nothing_acknowledged(seed: int) -> None
     report = run_harness(HarnessOptions(crashes=CI_CRASHES, seed=seed, fast=True))
     _assert_clean(report, f"python -m tools.crash --crashes {CI_CRASHES} --fast")
     assert report.crashes == CI_CRASHES
-    assert report.restarts >= CI_CRASHES + 1
     stats = report.stats
+    # Every crash is followed by a start; one at a hook point that fires while the
+    # server opens its log (a rotation at startup) is a crash without a restart.
+    while_starting = sum(
+        v for k, v in stats.items() if k.startswith("self_killed_while_starting_at_")
+    )
+    assert report.restarts >= CI_CRASHES + 1 - while_starting, report.summary("")
     # The run reached the interesting places, not only the easy ones.
     # Busy enough that kills land amid writes: operations whose answer was lost.
     assert report.operations > 100 * CI_CRASHES, report.summary("")
