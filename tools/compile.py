@@ -5,7 +5,7 @@
     python -m tools.compile --status   # which build runs, module by module
 
 The modules of `log_format._compiled.COMPILED_MODULES` (the replay and verify hot
-path) are compiled by mypyc, from the same typed sources, into extension modules
+path, and the server's request path) are compiled by mypyc, from the same typed sources, into extension modules
 next to those sources; Python then loads them instead of the `.py` files. Needs the
 dev extra (mypy, which brings mypyc) and a C compiler with the Python headers.
 Nothing else changes: the pure-Python sources stay the reference, `SEPP_PURE=1`
