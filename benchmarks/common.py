@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from log_format._compiled import build_name
+from log_format._compiled import build_name, stale_sources
 from sepp.server.loops import resolve_event_loop
 from sepp.server.pipeline import resolve_sync_method
 
@@ -56,12 +56,15 @@ def machine_line() -> str:
 
 def check_builds(builds: Sequence[str | None]) -> str | None:
     """Why these builds cannot be benchmarked (the compiled build was not built, or
-    is stale), or None."""
-    if "compiled" in builds and build_name(ignore_env=True) != "compiled":
-        return (
-            f"the compiled build is not in this checkout ({build_name(ignore_env=True)}): "
-            "run `python -m tools.compile` first"
-        )
+    a source changed after it was), or None."""
+    if "compiled" not in builds:
+        return None
+    name = build_name(ignore_env=True)
+    if name != "compiled":
+        return f"the compiled build is not in this checkout ({name}): run `python -m tools.compile` first"
+    stale = stale_sources()
+    if stale:
+        return f"the compiled build is older than {stale[0]}: run `python -m tools.compile` again"
     return None
 
 

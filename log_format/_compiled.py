@@ -165,19 +165,28 @@ def build_env(build: str) -> dict[str, str]:
     return {PURE_ENV: "1" if build == "pure" else ""}
 
 
+def _checkout_sources() -> list[str]:
+    """The source file of every compiled-build module in this checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sources: dict[str, str] = {}
+    for package in dict.fromkeys(name.partition(".")[0] for name in COMPILED_MODULES):
+        sources.update(_sources(package, os.path.join(root, package)))
+    return [sources[name] for name in COMPILED_MODULES]
+
+
+def stale_sources() -> list[str]:
+    """The sources whose extension module is older than they are (a process
+    without SEPP_PURE would refuse to start: StaleBuildError)."""
+    return [source for source in _checkout_sources() if stale_extensions(source)]
+
+
 def build_name(ignore_env: bool = False) -> str:
     """The build this process runs: "compiled", "pure" or "partial (k/n
     compiled)" (for logs and benchmark headers). With `ignore_env`, the build a
     process started without SEPP_PURE would run: what the checkout holds."""
     if _pure_requested() and not ignore_env:
         return "pure"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    count = 0
-    for name in COMPILED_MODULES:
-        package, _, _ = name.partition(".")
-        source = _sources(package, os.path.join(root, package))[name]
-        if extension_paths(source):
-            count += 1
+    count = sum(1 for source in _checkout_sources() if extension_paths(source))
     if count == 0:
         return "pure"
     if count == len(COMPILED_MODULES):

@@ -127,9 +127,10 @@ def encode_envelope(time_ms: object, command_kind: object, events: object) -> by
 
     `time_ms` an int >= 0, `command_kind` a known command kind, `events` a list of
     event lists; typed `object` because it checks them itself (a compiled build
-    would convert a declared int before the check: True to 1). Raises ValueError for a bad time or command kind or an event that is not a list
-    of at least [type_id, version]; msgpack's TypeError / OverflowError for values it
-    cannot encode. Field values are not checked against the catalogue here."""
+    would convert a declared int before the check: True to 1). Raises ValueError
+    for a bad time or command kind or an event that is not a list of at least
+    [type_id, version]; msgpack's TypeError / OverflowError for values it cannot
+    encode. Field values are not checked against the catalogue here."""
     if type(time_ms) is not int or time_ms < 0:
         raise ValueError(f"time_ms must be a non-negative int, got {time_ms!r:.40}")
     if type(command_kind) is not int or command_kind not in COMMAND_KINDS:

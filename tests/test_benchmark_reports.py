@@ -10,10 +10,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks import bench_requests, common
+from benchmarks import bench_e2e, bench_requests, common
 from benchmarks.common import check_builds, server_loop, server_sync
 from benchmarks.compare import Row, headline_table, make_rows, verdicts
 from log_format._compiled import build_env
@@ -77,7 +78,26 @@ def test_a_compiled_build_that_is_not_there_cannot_be_benchmarked(
     problem = check_builds(["pure", "compiled"])
     assert problem is not None and "python -m tools.compile" in problem
     monkeypatch.setattr(common, "build_name", lambda ignore_env=False: "compiled")
+    monkeypatch.setattr(common, "stale_sources", lambda: [])
     assert check_builds(["compiled"]) is None
+    monkeypatch.setattr(common, "stale_sources", lambda: ["/repo/sepp/core/decide.py"])
+    problem = check_builds(["compiled"])
+    assert problem is not None and "older than /repo/sepp/core/decide.py" in problem
+
+
+def test_the_load_generator_runs_the_pure_build_whatever_the_server_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        seen.update(kwargs)
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"loop": "asyncio"}\n', stderr="")
+
+    monkeypatch.delenv("SEPP_PURE", raising=False)
+    monkeypatch.setattr(bench_e2e.subprocess, "run", fake_run)
+    assert bench_e2e.loadgen(1, False, jobs=10) == {"loop": "asyncio"}
+    assert seen["env"]["SEPP_PURE"] == "1"
 
 
 def test_a_build_is_run_through_the_environment() -> None:
