@@ -21,7 +21,8 @@ ledger (`Ledger`) and its checks. What it does, per cycle:
    schedules; reserves; acks; nacks of every kind; extends; leases left to
    expire; stale acks (fencing); and (unless `--no-fuzz`) a hostile connection
    sending junk frames, huge lengths, wrong types and half-closes alongside;
-4. end the cycle with SIGKILL at a random moment — or (unless `--no-points`) let
+4. end the cycle with SIGKILL at a random moment, once the cycle's workload has
+   had at least `CYCLE_OPERATIONS_MIN` operations checked — or (unless `--no-points`) let
    the server kill itself at a storage hook point (`SEPP_FAULT_CRASH_AT`, see
    `sepp/server/faults.py`): between write and sync, mid-rotation, mid-snapshot
    publication, mid-retention — or, now and then, with a graceful SIGTERM;
@@ -163,6 +164,13 @@ BACKLOG_MAX = 600
 # Cycles between mid-run drains of every dead letter (Harness.drain_dead_letters).
 DRAIN_EVERY = 20
 RPC_TIMEOUT = timedelta(seconds=15)
+# A cycle the harness ends itself (SIGKILL or SIGTERM) ends only after its
+# workload has had at least this many operations checked, however slow the
+# machine: a crash that lands before any work would check nothing. The tests
+# assert this floor, which the harness guarantees, not a speed it happened to reach.
+CYCLE_OPERATIONS_MIN = 100
+# A server that answers none of the workload for this long is stuck: a violation.
+CYCLE_STALL_S = 60.0
 
 
 def wall_ms() -> int:
@@ -1173,11 +1181,13 @@ class Harness:
             duration = 30.0  # the point comes first; SIGKILL only if it never does
         workload = Workload(self, server, rng, duration)
 
+        operations_before = self.report.operations
+
         async def lifetime() -> None:
             assert server.proc is not None
             waiting = asyncio.create_task(server.proc.wait())
             done, _ = await asyncio.wait({waiting}, timeout=duration)
-            if not done:
+            if not done and not await self._busy_enough(waiting, operations_before):
                 if kind == "term":
                     server.terminate()
                 else:
@@ -1203,6 +1213,26 @@ class Harness:
         if self.options.disk_faults and kind != "term":
             await self.damage()
         self.check_directory(server.kill_ms)
+
+    async def _busy_enough(self, exited: asyncio.Task[int], operations_before: int) -> bool:
+        """Wait until this cycle's workload has had CYCLE_OPERATIONS_MIN operations
+        checked; True if the server exited by itself first (a hook point)."""
+        deadline = time.monotonic() + CYCLE_STALL_S
+        progress = self.report.operations
+        while self.report.operations - operations_before < CYCLE_OPERATIONS_MIN:
+            if exited.done():
+                return True
+            if self.report.operations != progress:
+                progress = self.report.operations
+                deadline = time.monotonic() + CYCLE_STALL_S
+            elif time.monotonic() > deadline:
+                self.ledger.violation(
+                    f"the workload got no answer for {CYCLE_STALL_S:.0f}s "
+                    f"({self.report.operations - operations_before} operations this cycle)"
+                )
+                return False
+            await asyncio.sleep(0.01)
+        return exited.done()
 
     async def damage(self) -> None:
         """Between cycles, what a crash can do to the disk."""

@@ -62,6 +62,9 @@ SCHEDULED = "scheduled"
 IN_FLIGHT = "in_flight"
 
 IA = "InvalidArgument"
+# PROTOCOL.md conventions: the latest time the server stores or sends
+# (9999-12-31T23:59:59.999Z); deadlines are clamped to it.
+TIME_MS_MAX = 253_402_300_799_999
 NOT_FOUND = "NotFound"
 MISMATCH = "AttemptMismatch"
 PRECONDITION = "FailedPrecondition"
@@ -253,7 +256,9 @@ class Model:
             out.add(("job_type_not_allowed", (job.job_type, tuple(types))))
         out |= self.custom_problems(job.custom, policy)
         horizon = policy.max_schedule_horizon_ms
-        if job.scheduled_at is not None and job.scheduled_at > now + horizon:
+        if job.scheduled_at is not None and job.scheduled_at > TIME_MS_MAX:
+            out.add(invalid)
+        elif job.scheduled_at is not None and job.scheduled_at > now + horizon:
             out.add(("scheduled_too_far", (horizon, job.scheduled_at)))
         return out
 
@@ -339,7 +344,8 @@ class Model:
                     priority=policy.default_priority if job.priority is None else job.priority,
                     max_attempts=min(max_attempts, policy.max_attempts_ceiling),
                     enqueued_at=t,
-                    scheduled_at=job.scheduled_at,
+                    # A past or present scheduled_at is stored as "not scheduled".
+                    scheduled_at=job.scheduled_at if scheduled else None,
                     traceparent=job.traceparent,
                     tracestate=job.tracestate,
                     custom=dict(job.custom) if job.custom else None,
@@ -383,7 +389,7 @@ class Model:
             return ("error", errors)
         self._commit_time()
         cap = min(self.policy(name).max_lease_duration_ms for name in queues)
-        deadline = t + min(lease_ms, cap)
+        deadline = min(t + min(lease_ms, cap), TIME_MS_MAX)
         want = min(max_jobs, lim.max_reserve_batch)
         picked: list[MJob] = []
         for name in dict.fromkeys(queues):
@@ -463,7 +469,7 @@ class Model:
         if not isinstance(job, MJob):
             return job
         self._commit_time()
-        job.due = t + min(lease_ms, self.policy(job.queue).max_lease_duration_ms)
+        job.due = min(t + min(lease_ms, self.policy(job.queue).max_lease_duration_ms), TIME_MS_MAX)
         return ("extend", job.job_id, job.due)
 
     # -- dead letters ----------------------------------------------------------

@@ -56,6 +56,8 @@ from sepp.client.errors import (
     ServerInternalError,
     TransportError,
     UnauthenticatedError,
+    UndecodableDeadLetterError,
+    UndecodableJobError,
     UnexpectedStatusError,
     UnknownQueue,
     UnknownQueuesError,
@@ -80,6 +82,8 @@ from sepp.client.types import (
     ServerInfo,
     TraceContext,
     TraceContextError,
+    UndecodableDeadLetter,
+    UndecodableJob,
 )
 from sepp.client.worker import (
     DuplicateHandlerError,
@@ -155,6 +159,10 @@ __all__ = [
     "TraceContextError",
     "TransportError",
     "UnauthenticatedError",
+    "UndecodableDeadLetter",
+    "UndecodableDeadLetterError",
+    "UndecodableJob",
+    "UndecodableJobError",
     "UnexpectedStatusError",
     "UnknownQueue",
     "UnknownQueuesError",

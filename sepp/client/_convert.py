@@ -36,6 +36,8 @@ from sepp.client.types import (
     ServerInfo,
     TraceContext,
     TraceContextError,
+    UndecodableDeadLetter,
+    UndecodableJob,
 )
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
+_TIMEDELTA_MAX_MS = timedelta.max // ONE_MS
 
 
 # -- time ---------------------------------------------------------------------------
@@ -156,10 +159,17 @@ def _time(raw: Mapping[str, Any], name: str, what: str) -> datetime:
     return value
 
 
-def _optional_time(raw: Mapping[str, Any], name: str, what: str) -> datetime | None:
-    if raw.get(name) is None:
+def _scheduled_at(raw: Mapping[str, Any], enqueued_at: datetime) -> datetime | None:
+    """PROTOCOL.md §5.2: a scheduled_at_ms that is not after enqueued_at_ms means
+    "not scheduled". A server never sends one; older servers echoed a past time
+    (negative even) as requested, which decodes as None here, not as an error."""
+    value = raw.get("scheduled_at_ms")
+    if value is None:
         return None
-    return _time(raw, name, what)
+    ms = _field(raw, "scheduled_at_ms", int, "job")
+    if ms <= datetime_to_ms(enqueued_at):
+        return None
+    return _time(raw, "scheduled_at_ms", "job")
 
 
 def _payload(raw: Mapping[str, Any]) -> Payload | None:
@@ -224,6 +234,7 @@ def job_from_wire(
         raise JobConversionError("job id and job_type must not be empty")
     attempt = _field(raw, "attempt", int, "job")
     lease_expires_at = _time(raw, "lease_expires_at_ms", "job")
+    enqueued_at = _time(raw, "enqueued_at_ms", "job")
     ctx = JobCtx(
         id=job_id,
         queue=_field(raw, "queue", str, "job"),
@@ -231,11 +242,11 @@ def job_from_wire(
         priority=_priority(raw),
         attempt=attempt,
         max_attempts=_field(raw, "max_attempts", int, "job"),
-        enqueued_at=_time(raw, "enqueued_at_ms", "job"),
+        enqueued_at=enqueued_at,
         custom=_custom(raw),
         trace_context=_trace(raw),
         lease_expires_at=lease_expires_at,
-        scheduled_at=_optional_time(raw, "scheduled_at_ms", "job"),
+        scheduled_at=_scheduled_at(raw, enqueued_at),
     )
     if make_lease is not None:
         ctx._lease = make_lease(job_id, attempt, lease_expires_at)
@@ -258,6 +269,7 @@ def dead_letter_from_wire(raw: Any) -> DeadLetterRecord:
         raise JobConversionError("job id and job_type must not be empty")
     cause = raw.get("cause")
     last_reason = raw.get("last_reason")
+    enqueued_at = _time(job, "enqueued_at_ms", "job")
     return DeadLetterRecord(
         queue=_field(job, "queue", str, "job"),
         job_id=job_id,
@@ -267,14 +279,47 @@ def dead_letter_from_wire(raw: Any) -> DeadLetterRecord:
         max_attempts=_field(job, "max_attempts", int, "job"),
         custom=_custom(job),
         trace_context=_trace(job),
-        enqueued_at=_time(job, "enqueued_at_ms", "job"),
-        scheduled_at=_optional_time(job, "scheduled_at_ms", "job"),
+        enqueued_at=enqueued_at,
+        scheduled_at=_scheduled_at(job, enqueued_at),
         cause=_CAUSES.get(cause, DeadLetterCause.UNSPECIFIED)
         if isinstance(cause, str)
         else DeadLetterCause.UNSPECIFIED,
         failed_at=_time(raw, "failed_at_ms", "dead-letter record"),
         final_attempt=_field(raw, "final_attempt", int, "dead-letter record"),
         last_reason=last_reason if isinstance(last_reason, str) else None,
+    )
+
+
+def _readable(raw: Any, name: str, kind: type) -> Any:
+    """A field of an undecodable map, if it has the right type; else None."""
+    value = raw.get(name) if isinstance(raw, dict) else None
+    if type(value) is not kind:
+        return None
+    return value
+
+
+def undecodable_job(raw: Any, error: JobConversionError, worker_id: str | None) -> UndecodableJob:
+    """What can be read of a delivered job `job_from_wire` refused: enough to ack
+    or nack it (its id and attempt), and the raw map."""
+    return UndecodableJob(
+        raw=raw,
+        error=str(error),
+        id=_readable(raw, "id", str) or None,
+        attempt=_readable(raw, "attempt", int),
+        queue=_readable(raw, "queue", str),
+        job_type=_readable(raw, "job_type", str),
+        worker_id=worker_id,
+    )
+
+
+def undecodable_dead_letter(raw: Any, error: JobConversionError) -> UndecodableDeadLetter:
+    """What can be read of a drained record `dead_letter_from_wire` refused."""
+    job = raw.get("job") if isinstance(raw, dict) else None
+    return UndecodableDeadLetter(
+        raw=raw,
+        error=str(error),
+        job_id=_readable(job, "id", str),
+        queue=_readable(job, "queue", str),
     )
 
 
@@ -296,7 +341,10 @@ def _info_texts(body: Mapping[str, Any], name: str) -> list[str]:
 
 
 def _info_ms(body: Mapping[str, Any], name: str) -> timedelta:
-    return timedelta(milliseconds=_info(body, name, int))
+    ms = _info(body, name, int)
+    # A limit configured beyond timedelta's range (an "endless" horizon) is
+    # reported as the largest timedelta, not as a broken answer.
+    return timedelta.max if ms > _TIMEDELTA_MAX_MS else timedelta(milliseconds=ms)
 
 
 def server_info_from_wire(body: Mapping[str, Any]) -> ServerInfo:

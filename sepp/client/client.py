@@ -51,6 +51,8 @@ from sepp.client.errors import (
     MalformedServerInfoError,
     SeppError,
     ServerInfoError,
+    UndecodableDeadLetterError,
+    UndecodableJobError,
     error_from_response,
     rejection_from_wire,
 )
@@ -64,6 +66,8 @@ from sepp.client.types import (
     QueueStats,
     ReserveOptions,
     ServerInfo,
+    UndecodableDeadLetter,
+    UndecodableJob,
 )
 from sepp.protocol import OK, PROTOCOL_VERSION, Response
 from sepp.protocol.messages import (
@@ -492,9 +496,14 @@ class SeppClient:
         empty — the normal idle case: call again. Every job must be acked,
         nacked or extended before ``job.ctx.lease_expires_at``.
 
-        Never retried. A job the client cannot decode is logged and skipped.
-        If the caller stops waiting (cancellation, deadline) and the answer
-        arrives later, its jobs are nacked back to ready immediately.
+        Never retried. A job the client cannot decode is never skipped: the
+        answer is handed over as `UndecodableJobError`, whose ``undecodable``
+        lists such jobs raw (id, attempt, reason; leased to you: nack them, e.g.
+        to the dead-letter store, or ack them) and whose ``jobs`` holds the
+        jobs of the same answer that decoded. If the caller stops waiting
+        (cancellation, deadline), the reserve is withdrawn on the server; if
+        its answer had already left with jobs, they are released (ready at
+        once, no attempt counted).
         """
         body: dict[str, Any] = {
             "queues": list(opts.queues),
@@ -519,11 +528,17 @@ class SeppClient:
             return Lease(self, job_id, attempt, expires_at, opts.worker_id)
 
         jobs: list[Job] = []
+        undecodable: list[UndecodableJob] = []
         for raw in raw_jobs:
             try:
                 jobs.append(_convert.job_from_wire(raw, make_lease))
             except JobConversionError as exc:
-                logger.warning("skipping a job the client cannot decode: %s", exc)
+                undecodable.append(_convert.undecodable_job(raw, exc, opts.worker_id))
+        if undecodable:
+            # Never an empty-looking poll: the jobs are leased to this caller.
+            error = UndecodableJobError(jobs, undecodable)
+            logger.error("%s", error)
+            raise error
         return jobs or None
 
     def _release_orphaned(self, worker_id: str | None, response: Response) -> None:
@@ -558,14 +573,24 @@ class SeppClient:
             logger.info("could not release job %s (its lease will expire): %s", job_id, exc)
 
     @staticmethod
-    def _lease_body(ctx: JobCtx) -> dict[str, Any]:
-        body: dict[str, Any] = {"job_id": ctx.id, "attempt": ctx.attempt}
+    def _lease_body(ctx: JobCtx | UndecodableJob) -> dict[str, Any]:
+        if isinstance(ctx, UndecodableJob):
+            if ctx.id is None or ctx.attempt is None:
+                raise ValueError(
+                    "this undecodable job has no readable id and attempt: it cannot be "
+                    "acked or nacked (its lease will expire)"
+                )
+            body: dict[str, Any] = {"job_id": ctx.id, "attempt": ctx.attempt}
+            if ctx.worker_id is not None:
+                body["worker_id"] = ctx.worker_id
+            return body
+        body = {"job_id": ctx.id, "attempt": ctx.attempt}
         worker_id = ctx._lease.worker_id if ctx._lease is not None else None
         if worker_id is not None:
             body["worker_id"] = worker_id
         return body
 
-    async def ack(self, ctx: JobCtx) -> None:
+    async def ack(self, ctx: JobCtx | UndecodableJob) -> None:
         """Report success: the job is deleted.
 
         Raises `JobNotFoundError` or `AttemptMismatchError` if this attempt no
@@ -576,7 +601,7 @@ class SeppClient:
 
     async def nack(
         self,
-        ctx: JobCtx,
+        ctx: JobCtx | UndecodableJob,
         retry: RetryDirective = RetryDirective.DEFAULT,
         reason: str = "",
     ) -> bool:
@@ -651,7 +676,10 @@ class SeppClient:
         first), of one `queue` or of all.
 
         Destructive — the records are deleted before the answer is sent — so it
-        is never retried: a lost answer loses that batch. Replay a record with
+        is never retried: a lost answer loses that batch. A record the client
+        cannot decode is not dropped: `UndecodableDeadLetterError` hands over
+        the whole answer, the decoded ``records`` and the ``undecodable`` ones
+        raw (each is also logged in full at ERROR, as the last copy). Replay a record with
         ``client.enqueue(record.to_enqueue_request())``. An empty list looks the
         same whether nothing is dead or retention is off: see
         `ServerInfo.dead_letter_retention_enabled`.
@@ -665,12 +693,21 @@ class SeppClient:
         if not isinstance(raw_records, list):
             raise MalformedResponseError("a drain answer needs a 'records' array")
         records: list[DeadLetterRecord] = []
+        undecodable: list[UndecodableDeadLetter] = []
         for raw in raw_records:
             try:
                 records.append(_convert.dead_letter_from_wire(raw))
             except JobConversionError as exc:
-                # Already deleted on the server: say loudly what is lost.
-                logger.error("dropping a dead-letter record the client cannot decode: %s", exc)
+                # Already deleted on the server: the raw record goes to the
+                # caller, and to the log in full in case the caller loses it.
+                logger.error(
+                    "drained a dead-letter record the client cannot decode (%s); raw record: %r",
+                    exc,
+                    raw,
+                )
+                undecodable.append(_convert.undecodable_dead_letter(raw, exc))
+        if undecodable:
+            raise UndecodableDeadLetterError(records, undecodable)
         return records
 
     async def queue_stats(self, queues: Iterable[str] | None = None) -> list[QueueStats]:

@@ -14,7 +14,9 @@ Shape of the tree:
   raise (`TransportError`, `OverloadedError`, `UnauthenticatedError`, ...).
 * `LeaseError` (`JobNotFoundError`, `AttemptMismatchError`): the caller no longer
   owns the job. `ReserveError` (`UnknownQueuesError`): strict mode refused a
-  reserve.
+  reserve; `UndecodableJobError`: a reserve delivered jobs this client cannot
+  decode (it carries them raw). `UndecodableDeadLetterError`: the same for a
+  drain.
 * `JobRejection` subclasses are values, not exceptions: one per refused job.
   `JobRejectedError` and `BatchValidationError` wrap them for the single-job and
   atomic enqueue.
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sepp.protocol.errors import (
     FAILED_PRECONDITION,
@@ -41,7 +43,10 @@ from sepp.protocol.errors import (
     UNAUTHENTICATED,
     UNAVAILABLE,
 )
-from sepp.protocol.messages import OP_ACK, OP_EXTEND, OP_NACK, OP_RESERVE
+from sepp.protocol.messages import OP_ACK, OP_EXTEND, OP_NACK, OP_RELEASE, OP_RESERVE
+
+if TYPE_CHECKING:
+    from sepp.client.types import DeadLetterRecord, Job, UndecodableDeadLetter, UndecodableJob
 
 __all__ = [
     "AttemptMismatchError",
@@ -83,6 +88,8 @@ __all__ = [
     "ServerInternalError",
     "TransportError",
     "UnauthenticatedError",
+    "UndecodableDeadLetterError",
+    "UndecodableJobError",
     "UnexpectedStatusError",
     "UnknownQueue",
     "UnknownQueuesError",
@@ -245,7 +252,8 @@ class MalformedResponseError(ClientError):
 
 class JobConversionError(SeppError):
     """A job received from the server could not be decoded. `reserve` and
-    `drain_dead_letters` log and skip such a job instead of failing."""
+    `drain_dead_letters` never skip such a job: they raise
+    `UndecodableJobError` / `UndecodableDeadLetterError` carrying it raw."""
 
 
 class ServerInfoError(SeppError):
@@ -547,6 +555,51 @@ class AttemptMismatchError(LeaseError):
 
 class ReserveError(SeppError):
     """Base of the domain failures of `reserve`."""
+
+
+class UndecodableJobError(ReserveError):
+    """A reserve answer held jobs this client cannot decode (see
+    `UndecodableJob`). Nothing of the answer is lost or skipped:
+
+    * `undecodable`: the jobs that could not be decoded, each with its raw map,
+      id, attempt and the reason; they are leased to you — nack them (e.g.
+      ``RetryDirective.DEAD_LETTER`` with ``reason=u.reason``) or ack them;
+    * `jobs`: the jobs of the same answer that decoded, leased too: handle them
+      as if `reserve` had returned them.
+    """
+
+    def __init__(self, jobs: list[Job], undecodable: list[UndecodableJob]) -> None:
+        described = "; ".join(
+            f"job {u.id} (attempt {u.attempt}, queue {u.queue!r}): {u.error}" for u in undecodable
+        )
+        super().__init__(
+            f"{len(undecodable)} reserved job(s) cannot be decoded by this client "
+            f"and are leased to you (nack or ack them): {described}"
+        )
+        self.jobs = jobs
+        self.undecodable = undecodable
+
+
+class UndecodableDeadLetterError(SeppError):
+    """A drain answer held dead-letter records this client cannot decode. The
+    drain already deleted them on the server, so they are handed over raw:
+
+    * `undecodable`: the records that could not be decoded (`UndecodableDeadLetter`:
+      the raw record map, job id, queue, reason) — the only copy;
+    * `records`: the records of the same answer that decoded.
+    """
+
+    def __init__(
+        self, records: list[DeadLetterRecord], undecodable: list[UndecodableDeadLetter]
+    ) -> None:
+        described = "; ".join(f"job {u.job_id} (queue {u.queue!r}): {u.error}" for u in undecodable)
+        super().__init__(
+            f"{len(undecodable)} drained dead-letter record(s) cannot be decoded by this "
+            f"client; they are deleted on the server, the raw records are in "
+            f"`undecodable`: {described}"
+        )
+        self.records = records
+        self.undecodable = undecodable
 
 
 class UnknownQueuesError(ReserveError):

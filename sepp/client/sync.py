@@ -42,6 +42,7 @@ from sepp.client.types import (
     QueueStats,
     ReserveOptions,
     ServerInfo,
+    UndecodableJob,
 )
 
 __all__ = ["SyncSeppClient"]
@@ -218,12 +219,15 @@ class SyncSeppClient:
         """See `SeppClient.reserve`. Blocks the calling thread for the wait."""
         return self._run(self._client.reserve(opts))
 
-    def ack(self, ctx: JobCtx) -> None:
+    def ack(self, ctx: JobCtx | UndecodableJob) -> None:
         """See `SeppClient.ack`."""
         self._run(self._client.ack(ctx))
 
     def nack(
-        self, ctx: JobCtx, retry: RetryDirective = RetryDirective.DEFAULT, reason: str = ""
+        self,
+        ctx: JobCtx | UndecodableJob,
+        retry: RetryDirective = RetryDirective.DEFAULT,
+        reason: str = "",
     ) -> bool:
         """See `SeppClient.nack`."""
         return self._run(self._client.nack(ctx, retry, reason))

@@ -262,6 +262,49 @@ class Job:
     ctx: JobCtx
 
 
+@dataclass(frozen=True)
+class UndecodableJob:
+    """A job a reserve leased to this client that the client could not decode
+    into a `Job` (a field of a type or range it cannot represent: a newer or
+    broken server, or a producer the server should have refused).
+
+    Never skipped: `reserve` raises `UndecodableJobError` carrying it. It is
+    leased like any other job, so the caller decides its fate with the usual
+    calls — ``await client.nack(u, RetryDirective.DEAD_LETTER, reason=u.reason)``
+    puts it in the dead-letter store with a reason saying why (findable there
+    when the server retains dead letters), ``client.ack(u)`` deletes it;
+    otherwise its lease expires and it is delivered again. `raw` is the job map
+    exactly as received; `id`, `attempt`, `queue` and `job_type` are what could
+    be read of it (``None`` when unreadable: then it cannot be acked or nacked).
+    """
+
+    raw: Any
+    error: str
+    id: str | None
+    attempt: int | None
+    queue: str | None
+    job_type: str | None
+    worker_id: str | None = None
+
+    @property
+    def reason(self) -> str:
+        """A nack reason that says why the job could not be handled."""
+        return f"undecodable by the sepp Python client: {self.error}"
+
+
+@dataclass(frozen=True)
+class UndecodableDeadLetter:
+    """A dead-letter record a drain returned that the client could not decode
+    into a `DeadLetterRecord`. The drain already deleted it on the server:
+    `raw` (the record map exactly as received, job included) is the only copy.
+    `job_id` and `queue` are what could be read of it."""
+
+    raw: Any
+    error: str
+    job_id: str | None
+    queue: str | None
+
+
 @dataclass
 class ReserveOptions:
     """The parameters of `SeppClient.reserve`.

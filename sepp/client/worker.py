@@ -45,8 +45,9 @@ from sepp.client.errors import (
     JobNotFoundError,
     LeaseError,
     SeppError,
+    UndecodableJobError,
 )
-from sepp.client.types import Job, JobCtx, Payload, ReserveOptions
+from sepp.client.types import Job, JobCtx, Payload, ReserveOptions, UndecodableJob
 
 __all__ = [
     "DuplicateHandlerError",
@@ -356,6 +357,12 @@ class Worker:
             except ClientClosedError:
                 slots.release()
                 raise
+            except UndecodableJobError as exc:
+                # Jobs this client cannot decode are leased to us: dead-letter
+                # them with the reason now (never skip them, never let them burn
+                # their attempts on lease expiry); run the others as usual.
+                await self._dead_letter_undecodable(exc.undecodable)
+                answered, jobs = True, exc.jobs
             except SeppError as exc:
                 slots.release()
                 self._metrics.record_reserve_failed()
@@ -389,6 +396,20 @@ class Worker:
             for job in jobs[1:]:
                 await slots.acquire()
                 self._start(job, slots, tasks)
+
+    async def _dead_letter_undecodable(self, undecodable: list[UndecodableJob]) -> None:
+        for job in undecodable:
+            try:
+                await self._client.nack(job, RetryDirective.DEAD_LETTER, reason=job.reason)
+                logger.error(
+                    "dead-lettered job %s (attempt %s, queue %r): %s",
+                    job.id,
+                    job.attempt,
+                    job.queue,
+                    job.reason,
+                )
+            except (SeppError, ValueError) as exc:
+                logger.error("could not dead-letter undecodable job %s: %s", job.id, exc)
 
     def _reserve_options(self) -> ReserveOptions:
         free = max(1, self._max_in_flight - self._in_flight)

@@ -94,6 +94,7 @@ from sepp.core.state import (
     IN_FLIGHT,
     READY,
     SCHEDULED,
+    TIME_MS_MAX,
     Job,
     State,
 )
@@ -309,6 +310,16 @@ def validate_new_job(state: State, job: NewJob, now: int) -> Rejection | None:
             return InvalidRequest("tracestate must be a string")
     if scheduled_at is not None and not _is_int(scheduled_at):
         return InvalidRequest("scheduled_at must be an integer time in ms")
+    if scheduled_at is not None and scheduled_at > TIME_MS_MAX:
+        # Every client must be able to decode what the server echoes: a time past
+        # 9999-12-31 cannot be (Python's datetime ends there). Refused here, before
+        # the horizon check, so a scheduled_too_far rejection's `actual` is always
+        # a representable time too. A past time (negative even) is fine: it is
+        # stored as "not scheduled" (_new_job_event).
+        return InvalidRequest(
+            f"scheduled_at {scheduled_at} is after {TIME_MS_MAX} (9999-12-31T23:59:59.999Z), "
+            "the latest time the protocol carries"
+        )
     declared = queue in config.queues
     if config.strict_queues and not declared:
         return UnknownQueue(queue)
@@ -337,7 +348,12 @@ def _new_job_event(state: State, job: NewJob, job_id: str, now: int) -> JobEnque
     max_attempts = policy.default_max_attempts if job.max_attempts is None else job.max_attempts
     if max_attempts > policy.max_attempts_ceiling:
         max_attempts = policy.max_attempts_ceiling
+    # A past or present scheduled_at means "ready now" and is stored as not
+    # scheduled (None): the job is echoed with scheduled_at_ms nil, so a time no
+    # client can represent (a negative one) never reaches a worker.
     scheduled_at = job.scheduled_at
+    if scheduled_at is not None and scheduled_at <= now:
+        scheduled_at = None
     key = job.idempotency_key
     # Positional, in JobEnqueued's field order: keyword construction of a 15-field
     # tuple costs a measurable share of the enqueue budget.
@@ -353,7 +369,7 @@ def _new_job_event(state: State, job: NewJob, job_id: str, now: int) -> JobEnque
             max_attempts,
             now,  # enqueued_at
             scheduled_at,
-            scheduled_at if scheduled_at is not None and scheduled_at > now else None,  # run_at
+            scheduled_at,  # run_at: None unless in the future (above)
             key,
             now + policy.dedup_window_ms
             if key is not None and policy.dedup_window_ms > 0
@@ -540,6 +556,8 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
         return InvalidArgument(problem)
     want = min(max_jobs, limits.max_reserve_batch)
     deadline = now + min(lease_ms, lease_cap)
+    if deadline > TIME_MS_MAX:  # a huge configured lease cap: keep it decodable
+        deadline = TIME_MS_MAX
     picked = _first_ready(state, queues) if want == 1 else _pick(state, queues, want, cmd.max_bytes)
     if not picked:
         return Decision((), now, ReserveResult(()), NOTHING_WOKEN)
@@ -713,7 +731,7 @@ def _decide_extend(state: State, cmd: Extend, now: int) -> Decision | CommandErr
     if isinstance(job, CommandError):
         return job
     cap = state.config.policy(job.queue).max_lease_duration_ms
-    deadline = now + min(cmd.lease_ms, cap)
+    deadline = min(now + min(cmd.lease_ms, cap), TIME_MS_MAX)
     event = JobLeaseExtended(
         job_id=job.job_id, attempt=job.attempt, lease_expires_at=deadline, worker_id=cmd.worker_id
     )

@@ -41,6 +41,23 @@ STATUS_NAMES = ("ready", "scheduled", "in_flight", "dead", "deleted")
 
 PRIORITY_LEVELS = 10
 
+# The latest time the server stores or sends (PROTOCOL.md conventions):
+# 9999-12-31T23:59:59.999Z, the last instant Python's datetime (and the other
+# clients' date types) can represent. decide refuses a scheduled_at_ms beyond it
+# and clamps every deadline it computes to it, so a client can decode every time
+# it is sent.
+TIME_MS_MAX = 253_402_300_799_999
+
+
+def echoed_scheduled_at(scheduled_at: int | None, enqueued_at: int) -> int | None:
+    """The `scheduled_at_ms` a job view echoes: nil unless it was in the future when
+    the job was enqueued. decide stores a past or present scheduled_at as None; jobs
+    of older logs and snapshots may still hold one as requested (negative even), and
+    are echoed by the same rule, so what the server sends is always decodable."""
+    if scheduled_at is None or scheduled_at <= enqueued_at:
+        return None
+    return scheduled_at if scheduled_at <= TIME_MS_MAX else TIME_MS_MAX
+
 
 # A job's stored fields, in `Job.__init__` order: the layout of a snapshot's job
 # row (`entry`, the in-memory index handle, is rebuilt on load). Spelled out
@@ -141,7 +158,7 @@ class Job:
                 self.max_attempts,
                 self.attempt,
                 self.enqueued_at,
-                self.scheduled_at,
+                echoed_scheduled_at(self.scheduled_at, self.enqueued_at),
                 lease_expires_at,
                 self.traceparent,
                 self.tracestate,

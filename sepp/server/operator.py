@@ -141,10 +141,28 @@ def _enqueue(args: argparse.Namespace) -> int:
 
 
 def _drain(args: argparse.Namespace) -> int:
+    from sepp.client import UndecodableDeadLetterError
+
+    undecodable: list[Any] = []
+
+    async def drain(client: Any) -> Any:
+        try:
+            return await client.drain_dead_letters(queue=args.queue, max_records=args.max)
+        except UndecodableDeadLetterError as exc:
+            # Deleted on the server already: show the decoded records as usual
+            # and every undecodable one raw, then fail.
+            undecodable.extend(exc.undecodable)
+            return exc.records
+
     args.render = _render_drain
-    return _run(
-        args, lambda client: client.drain_dead_letters(queue=args.queue, max_records=args.max)
-    )
+    status = _run(args, drain)
+    for u in undecodable:
+        print(
+            f"sepp drain: record of job {u.job_id} cannot be decoded ({u.error}); "
+            f"raw record: {u.raw!r}",
+            file=sys.stderr,
+        )
+    return 1 if undecodable and status == 0 else status
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

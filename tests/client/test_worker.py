@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from sepp.client import (
     SeppClient,
     Worker,
     WorkerMetrics,
+    _otel,
 )
 from sepp.client.worker import NO_HANDLER_REASON
 from tests.client.fakeserver import FakeServer, error, eventually, make_job
@@ -516,14 +518,36 @@ async def test_cancelling_run_cancels_running_handlers(fake: FakeServer) -> None
         await client.close()
 
 
-async def test_the_default_metrics_are_silent_without_opentelemetry(fake: FakeServer) -> None:
-    metrics = WorkerMetrics()
-    metrics.record_processed()
-    metrics.record_nacked(True)
-    metrics.record_in_flight_delta(1)
-    metrics.record_reserve_ok(False)
-    metrics.record_reserve_failed()
-    metrics.record_lease_lost()
+async def test_the_default_metrics_are_silent_without_opentelemetry(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Without OpenTelemetry whether or not this machine has it: importing it fails.
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    _otel.reset_for_tests()
+    caplog.set_level(logging.DEBUG)
+    try:
+        metrics = WorkerMetrics()
+        assert _otel.api() is None
+        assert metrics._otel is None
+        calls = [
+            metrics.record_processed(),
+            metrics.record_nacked(True),
+            metrics.record_nacked(False),
+            metrics.record_in_flight_delta(1),
+            metrics.record_in_flight_delta(-1),
+            metrics.record_reserve_ok(False),
+            metrics.record_reserve_ok(True),
+            metrics.record_reserve_failed(),
+            metrics.record_lease_lost(),
+        ]
+    finally:
+        _otel.reset_for_tests()
+    # Silent: every hook is a no-op that raises, logs and prints nothing.
+    assert calls == [None] * 9
+    assert caplog.records == []
+    assert capsys.readouterr() == ("", "")
 
 
 async def test_a_closed_client_ends_run_with_client_closed(fake: FakeServer) -> None:

@@ -46,6 +46,7 @@ from sepp.core.results import (
     ScheduledTooFar,
     UnknownQueue,
 )
+from sepp.core.state import TIME_MS_MAX
 from tests.core.helpers import NOW, Harness, make_job, new_id
 
 HORIZON = QueuePolicy().max_schedule_horizon_ms
@@ -61,6 +62,7 @@ SMALL_CUSTOM = CoreConfig().with_queue(
     "q", max_custom_entries=2, max_custom_key_bytes=3, max_custom_total_bytes=1_000
 )
 NEAR_HORIZON = CoreConfig().with_queue("q", max_schedule_horizon_ms=1_000)
+ENDLESS_HORIZON = CoreConfig().with_queue("q", max_schedule_horizon_ms=2**62)
 ACCEPT = None  # expected outcome of a row whose job must be accepted
 
 
@@ -141,6 +143,13 @@ REJECTION_ROWS = [
     pytest.param(NEAR_HORIZON, {"scheduled_at": NOW + 1_001}, ScheduledTooFar(1_000, NOW + 1_001), id="scheduled beyond the per-queue horizon"),
     pytest.param(NEAR_HORIZON, {"scheduled_at": NOW + 1_000}, ACCEPT, id="scheduled exactly at the horizon"),
     pytest.param(CoreConfig(), {"scheduled_at": NOW + HORIZON + 1}, ScheduledTooFar(HORIZON, NOW + HORIZON + 1), id="the default horizon is 30 days"),
+    # Times a client cannot represent (PROTOCOL.md conventions: 0 .. TIME_MS_MAX)
+    pytest.param(ENDLESS_HORIZON, {"scheduled_at": TIME_MS_MAX + 1}, InvalidRequest, id="a scheduled_at after 9999-12-31 is an invalid request whatever the horizon"),
+    pytest.param(ENDLESS_HORIZON, {"scheduled_at": TIME_MS_MAX}, ACCEPT, id="a scheduled_at at the last representable millisecond is accepted"),
+    pytest.param(CoreConfig(), {"scheduled_at": 2**63 - 1}, InvalidRequest, id="the largest 64-bit scheduled_at is an invalid request not scheduled_too_far"),
+    pytest.param(CoreConfig(), {"scheduled_at": 2**64 - 1}, InvalidRequest, id="an unsigned 64-bit scheduled_at is an invalid request"),
+    pytest.param(CoreConfig(), {"scheduled_at": -1}, ACCEPT, id="a negative scheduled_at is accepted as ready now"),
+    pytest.param(CoreConfig(), {"scheduled_at": -(2**63)}, ACCEPT, id="the smallest 64-bit scheduled_at is accepted as ready now"),
 ]  # fmt: skip
 
 

@@ -43,6 +43,8 @@ def retained_with_queue(**overrides: object) -> CoreConfig:
         pytest.param(-1, "ready", id="scheduled_at one ms in the past lands ready"),
         pytest.param(-NOW, "ready", id="scheduled_at at time zero lands ready"),
         pytest.param(0, "ready", id="scheduled_at equal to now lands ready"),
+        pytest.param(-NOW - 1, "ready", id="a negative scheduled_at lands ready"),
+        pytest.param(-(2**63) - NOW, "ready", id="the smallest 64-bit scheduled_at lands ready"),
         pytest.param(1, "scheduled", id="scheduled_at one ms ahead lands scheduled"),
         pytest.param(
             HORIZON, "scheduled", id="scheduled_at exactly at the horizon lands scheduled"
@@ -58,11 +60,14 @@ def test_an_enqueued_job_lands_ready_or_scheduled_by_its_scheduled_at(
 
     assert h.status(job_id) == expected
     job = h.job(job_id)
-    assert (job.attempt, job.enqueued_at, job.scheduled_at) == (1, NOW, scheduled_at)
+    # A past or present scheduled_at is stored, and echoed, as "not scheduled".
+    stored = scheduled_at if expected == "scheduled" else None
+    assert (job.attempt, job.enqueued_at, job.scheduled_at) == (1, NOW, stored)
     delivered = h.reserve("q", now=NOW)
     if expected == "ready":
         assert h.counts("q") == (0, 0, 1, 0)
         assert [j.job_id for j in delivered] == [job_id]
+        assert [j.scheduled_at for j in delivered] == [None]
         assert h.decisions[0].woken == frozenset({"q"})
     else:
         assert h.counts("q") == (0, 1, 0, 0)
@@ -169,8 +174,8 @@ def test_a_promoted_job_keeps_its_priority_and_original_enqueued_at() -> None:
         pytest.param(
             CoreConfig(),
             {"scheduled_at": NOW - 5},
-            {"scheduled_at": NOW - 5, "enqueued_at": NOW},
-            id="a past scheduled_at is kept on the delivered job",
+            {"scheduled_at": None, "enqueued_at": NOW},
+            id="a past scheduled_at is delivered as not scheduled",
         ),
     ],
 )

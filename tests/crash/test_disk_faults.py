@@ -24,7 +24,6 @@ process, the server and the client.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import gc
 import logging
@@ -48,7 +47,7 @@ from log_format import (
     parse_segment_file_name,
     scan_records,
 )
-from sepp.client import HealthStatus, SeppClient, SeppError, ServerInternalError
+from sepp.client import HealthStatus, SeppClient, ServerInternalError
 from sepp.server.config import ServerConfig, load_config
 from sepp.server.server import EXIT_STORAGE_FAILED, SeppServer
 from sepp.storage.faultfs import FaultyFileSystem
@@ -105,12 +104,25 @@ SEAM_FAULTS = [
 
 async def _until_storage_fails(
     fs: FaultyFileSystem, op: str, err: int, mode: str, ledger: Ledger
-) -> tuple[int, list[HealthStatus]]:
+) -> tuple[int, HealthStatus]:
     config = make_config(storage__persist_mode=mode, storage__segment_bytes_max="4096")
     server = SeppServer(config, fs=fs)
     await server.start()
+    # Hold the fail-stop shutdown at its first step (stopping the commit pipeline),
+    # before it closes the connections, until the client has asked for health: a
+    # connection that is still open must report not_serving, and without the hold
+    # the answer would race the close.
+    assert server.pipeline is not None
+    pipeline = server.pipeline
+    stop_pipeline = pipeline.stop
+    health_seen = asyncio.Event()
+
+    async def held_stop() -> None:
+        await health_seen.wait()
+        await stop_pipeline()
+
+    pipeline.stop = held_stop  # type: ignore[method-assign]
     client = SeppClient(_address(server))
-    health: list[HealthStatus] = []
     try:
         for batch in range(10):
             assert await ledger.enqueue(client, QUEUE, [f"before-{batch}-{i}" for i in range(5)])
@@ -128,12 +140,15 @@ async def _until_storage_fails(
         # A clear error: internal, storage_failed, the outcome unknown.
         assert isinstance(first, ServerInternalError), repr(first)
         assert first.reason == "storage_failed", first.details
-        with contextlib.suppress(SeppError):
-            health.append(await client.health())
+        try:
+            health = await client.health()
+        finally:
+            health_seen.set()
         # Never ok again: later writes are refused or find the server gone.
         for batch in range(3):
             assert not await ledger.enqueue(client, QUEUE, [f"later-{batch}"])
     finally:
+        health_seen.set()
         await client.close()
     code = await asyncio.wait_for(server.wait_stopped(), 30)
     # The process would exit now, and the kernel drop its lock on the directory.
@@ -165,7 +180,7 @@ def test_a_failed_write_or_sync_stops_writes_clearly_and_loses_nothing_acknowled
     caplog.set_level(logging.ERROR, logger="sepp")
     code, health = run(_until_storage_fails(fs, op, err, mode, ledger))  # type: ignore[misc]
     assert code == EXIT_STORAGE_FAILED
-    assert all(not h.serving and h.reason == "storage_failed" for h in health), health
+    assert (health.serving, health.reason) == (False, "storage_failed"), health
     # The operator is told why, with the errno.
     assert any(
         r.levelno >= logging.CRITICAL and f"[Errno {err}]" in r.getMessage() for r in caplog.records

@@ -80,8 +80,11 @@ async def wait_until(
 # -- the raw client ------------------------------------------------------------------
 
 
-class ConnectionClosed(AssertionError):
-    """The server closed the connection before the awaited answer arrived."""
+class ConnectionClosed(Exception):
+    """The server closed the connection before the awaited answer arrived.
+
+    Not an AssertionError: a test that tolerates a closed connection must say so
+    with `except ConnectionClosed`, and that never swallows a failed assertion."""
 
 
 class RawClient:

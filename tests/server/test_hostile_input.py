@@ -17,6 +17,7 @@ from sepp.protocol import messages as pm
 from sepp.protocol.framing import encode_frame
 from tests.server.conftest import (
     ANSWER_TIMEOUT_S,
+    ConnectionClosed,
     RawClient,
     connect,
     job,
@@ -418,7 +419,7 @@ async def test_connections_beyond_max_connections_are_refused_with_an_error_fram
         client = await RawClient.connect(server.address)
         try:
             await client.hello()
-        except AssertionError:
+        except ConnectionClosed:
             await client.close()
             return None
         return client

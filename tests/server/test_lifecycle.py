@@ -396,7 +396,9 @@ async def test_a_scheduled_job_is_not_delivered_before_its_time_and_is_after(
     assert all(p == [] for p in polls[:-1])
 
 
-async def test_a_job_scheduled_in_the_past_is_ready_at_once(sepp_server, queue_names):
+async def test_a_job_scheduled_in_the_past_is_ready_at_once_and_not_scheduled(
+    sepp_server, queue_names
+):
     client = await connect(sepp_server.address)
     q = next(queue_names)
     now = await client.server_time()

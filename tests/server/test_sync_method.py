@@ -214,13 +214,18 @@ async def test_real_aio_commits_everything_and_it_survives_a_reopen(tmp_path: Pa
     pipeline = CommitPipeline(engine, clock=lambda: T0)
     pipeline.start("aio")
     futures = []
+    bursts = 1
     for n in range(300):
         futures.append(submit(pipeline, n))
         if n % 7 == 0:
+            bursts += 1
             await asyncio.sleep(0)  # let syncs complete between bursts
     await asyncio.wait_for(asyncio.gather(*futures), WAIT_S)
     assert engine.durable_seq == 300
-    assert engine.stats["flushes"] < 300  # grouped
+    # Grouped, however fast the disk: the loop thread writes whatever gathered,
+    # once per loop turn at most, and a burst is submitted within one turn, so a
+    # write never splits a burst (slow syncs only make the groups bigger).
+    assert 1 <= engine.stats["flushes"] <= bursts == 44, engine.stats
     await pipeline.stop()
     engine.close()
     again = Engine.open(data, CONFIG, StorageOptions(persist_mode="sync_data"))

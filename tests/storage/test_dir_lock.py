@@ -10,6 +10,7 @@ from sepp.core import CoreConfig
 from sepp.storage import Engine, StorageOptions
 from sepp.storage.faultfs import FaultyFileSystem
 from sepp.storage.fs import DataDirLocked
+from sepp.storage.recovery import RecoveryError
 
 
 def test_a_second_engine_on_the_same_directory_is_refused(tmp_path: Path) -> None:
@@ -25,7 +26,7 @@ def test_a_refused_recovery_releases_the_lock(tmp_path: Path) -> None:
     engine = Engine.open("/d", CoreConfig(), StorageOptions(snapshot_mode="inline"), fs=fs)
     engine.close()
     fs.put("/d/wal/00000000000000000005.log", b"not a segment header at all, and long enough")
-    with pytest.raises(Exception, match="sepp-log verify"):
+    with pytest.raises(RecoveryError, match="sepp-log verify"):
         Engine.open("/d", CoreConfig(), StorageOptions(snapshot_mode="inline"), fs=fs)
     fs.remove("/d/wal/00000000000000000005.log")
     Engine.open("/d", CoreConfig(), StorageOptions(snapshot_mode="inline"), fs=fs).close()
