@@ -27,7 +27,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
-from types import ModuleType
+from types import ModuleType, TracebackType
 
 # Replay, verify and snapshot loading, and the server's request path (framing,
 # decoding, parsing, decide, the record envelope). Compiled code converts a value
@@ -113,6 +113,29 @@ class _SourceFirst:
         return importlib.util.spec_from_file_location(fullname, source)
 
 
+def _report_stale_builds_in_one_line(package: str) -> None:
+    """Make an uncaught `StaleBuildError` end the program with one line on stderr
+    (exit code 1) instead of a traceback. The guard runs while `sepp` or
+    `log_format` is imported, before any command's own error handling exists,
+    so every command (even ``sepp --help``) would otherwise die with a
+    traceback; other exceptions go to the previous hook unchanged."""
+    previous = sys.excepthook
+    if getattr(previous, "stale_build_hook", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if not isinstance(value, StaleBuildError):
+            previous(kind, value, tb)
+            return
+        prog = os.path.basename(sys.argv[0]) if sys.argv else ""
+        if prog in ("", "-c", "-m") or prog.endswith(".py"):
+            prog = package
+        sys.stderr.write(f"{prog}: {value}\n")
+
+    hook.stale_build_hook = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def guard(package: str, package_dir: str) -> None:
     """Refuse a stale build of `package`'s compiled modules; honour SEPP_PURE."""
     sources = _sources(package, package_dir)
@@ -122,6 +145,7 @@ def guard(package: str, package_dir: str) -> None:
     for name, source in sources.items():
         stale = stale_extensions(source)
         if stale:
+            _report_stale_builds_in_one_line(package)
             raise StaleBuildError(
                 f"{stale[0]} is older than {source}: the compiled build would run "
                 "old code. Rebuild it (python -m tools.compile), remove it "

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from sepp._version import __version__
 from sepp.core.config import ConfigError
-from sepp.server.config import example_config, load_config
+from sepp.server.config import example_config, load_config, load_tls_context
 from sepp.server.logs import setup_logging
 from sepp.server.loops import resolve_event_loop, run_on
 from sepp.server.pipeline import resolve_sync_method
@@ -53,6 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
             config.get("storage", "persist_mode"),
             real_fs=True,
         )
+        # Read the TLS files now, before recovery, so a missing or mismatched
+        # file is one line naming the setting and the file.
+        load_tls_context(config)
     except ConfigError as exc:
         print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
         return 1
@@ -61,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
         server = SeppServer(config)
         try:
             host, port = await server.start()
-        except RecoveryError as exc:
+        except (RecoveryError, ConfigError) as exc:
             log.critical("cannot start: %s", exc)
             return 1
         except OSError as exc:

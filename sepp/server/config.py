@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -350,6 +351,12 @@ def _queue_entries(raw: Any, origin: str) -> list[dict[str, Any]]:
         for key, value in entry.items():
             if key == "name":
                 continue
+            if key in SCHEMA["limits"] and key not in QUEUE_KEYS:
+                raise ConfigError(
+                    f"queues.{name}.{key}",
+                    f"limits.{key} bounds whole requests and cannot be set per queue; set it "
+                    f"in [limits] ({origin})",
+                )
             if key not in QUEUE_KEYS:
                 raise ConfigError(f"queues.{name}.{key}", f"unknown per-queue setting ({origin})")
             queue[key] = _coerce(f"queues.{name}.{key}", QUEUE_KEYS[key], value)
@@ -445,6 +452,45 @@ def _cross_validate(config: ServerConfig) -> None:
     validate_config(config.core_config())
 
 
+# -- TLS -------------------------------------------------------------------------
+
+
+def load_tls_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """The listener's TLS context from server.tls_cert_path and tls_key_path, or
+    None without them. A file that cannot be read, holds no PEM certificate or key,
+    or a key that does not belong to the certificate is a `ConfigError` naming the
+    setting and the file (not ssl's bare "[Errno 2]" or "PEM lib")."""
+    server = config.values["server"]
+    cert, key = server["tls_cert_path"], server["tls_key_path"]
+    if cert is None or key is None:
+        return None
+    for setting, path in (("server.tls_cert_path", cert), ("server.tls_key_path", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(setting, f"cannot read {path}: {exc.strerror or exc}") from None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(
+                "server.tls_key_path", f"the private key in {key} does not match the "
+                f"certificate in {cert} (server.tls_cert_path)",
+            ) from None  # fmt: skip
+        try:  # which of the two files is unusable?
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(cert)
+        except ssl.SSLError:
+            raise ConfigError(
+                "server.tls_cert_path", f"{cert} holds no PEM certificate ({exc.reason})"
+            ) from None
+        raise ConfigError(
+            "server.tls_key_path", f"{key} holds no PEM private key for {cert} ({exc.reason})"
+        ) from None
+    return context
+
+
 # -- sepp config example ---------------------------------------------------------
 
 
@@ -458,6 +504,19 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(value)  # pragma: no cover
+
+
+def _wrapped(text: str, width: int = 88) -> list[str]:
+    """`text` as comment lines of at most `width` characters."""
+    lines: list[str] = []
+    line = "#"
+    for word in text.split():
+        if len(line) + 1 + len(word) > width and line != "#":
+            lines.append(line)
+            line = "#"
+        line += " " + word
+    lines.append(line)
+    return lines
 
 
 def example_config() -> str:
@@ -478,9 +537,26 @@ def example_config() -> str:
             else:
                 lines.append(f"{name} = {_toml_value(key.default)}")
         lines.append("")
+    per_queue = [name for name in SCHEMA["limits"] if name in QUEUE_KEYS]
+    global_only = [name for name in SCHEMA["limits"] if name not in QUEUE_KEYS]
     lines += [
-        "# Declared queues override any [limits] key (and storage.dedup_window_ms) for",
-        "# one queue; allowed_job_types exists only per queue. Example:",
+        "# Declared queues ([[queues]], one table per queue) may override these [limits]",
+        *_wrapped("keys for one queue: " + ", ".join(per_queue) + ";"),
+        "# and storage.dedup_window_ms; allowed_job_types exists only per queue.",
+        *_wrapped(
+            "These [limits] keys bound whole requests (which may span queues) and are "
+            "global only: " + ", ".join(global_only) + "."
+        ),
+        *_wrapped(
+            "Retries: a nack without a delay (a handler that raised) is retried at once by "
+            "default (retry_delay_ms = 0). With retry_delay_ms > 0 it waits that long, "
+            'doubled per attempt with retry_backoff = "exponential", at most '
+            "retry_delay_max_ms, minus a jitter of up to a quarter (derived from the job id "
+            "and attempt, so jobs that failed together spread out). After "
+            f"default_max_attempts ({_POLICY_DEFAULTS.default_max_attempts}) attempts the job "
+            "is dead-lettered, and dead letters are dropped unless "
+            "storage.dead_letter_retention_ms is set. Example:"
+        ),
         "# [[queues]]",
         '# name = "emails"',
         "# default_priority = 5",

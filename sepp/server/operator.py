@@ -8,7 +8,9 @@
 
 Each takes `--addr HOST:PORT` (default 127.0.0.1:7463, or $SEPP_ADDR) and
 `--api-key KEY` (or $SEPP_API_KEY), and `--json` for machine-readable output.
-Exit code 0 on success, 1 when the server refused or could not be reached.
+Exit code 0 on success, 1 when the server refused or could not be reached (or a
+payload file could not be read), 2 for an argument the command cannot use (an
+empty queue name, a malformed address); each failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def _jsonable(value: Any) -> Any:
 
 def _run(args: argparse.Namespace, action: Callable[[Any], Awaitable[Any]]) -> int:
     from sepp.client import SeppClient, SeppError
+    from sepp.client._connection import parse_address
+
+    try:
+        parse_address(args.addr)
+    except ValueError as exc:
+        print(f"sepp {args.command}: --addr: {exc}", file=sys.stderr)
+        return 2
 
     async def go() -> Any:
         client = await SeppClient.connect(args.addr, api_key=args.api_key)
@@ -125,17 +134,30 @@ def _enqueue(args: argparse.Namespace) -> int:
     if args.payload is not None:
         data = args.payload.encode()
     elif args.payload_file is not None:
-        with open(args.payload_file, "rb") as f:
-            data = f.read()
-    request = EnqueueRequest(
-        args.queue,
-        args.job_type,
-        payload=Payload(data, args.encoding) if data else None,
-        idempotency_key=args.key,
-        priority=args.priority,
-        max_attempts=args.max_attempts,
-        scheduled_at=datetime.now(UTC) + timedelta(seconds=args.delay) if args.delay else None,
-    )
+        try:
+            with open(args.payload_file, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            print(f"sepp enqueue: cannot read --payload-file {args.payload_file}: {reason}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+    try:
+        request = EnqueueRequest(
+            args.queue,
+            args.job_type,
+            payload=Payload(data, args.encoding) if data else None,
+            idempotency_key=args.key,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            scheduled_at=datetime.now(UTC) + timedelta(seconds=args.delay) if args.delay else None,
+        )
+    except ValueError as exc:  # an empty queue or job type
+        print(f"sepp enqueue: {exc}", file=sys.stderr)
+        return 2
+    except OverflowError:
+        print(f"sepp enqueue: --delay {args.delay:g} is too far in the future", file=sys.stderr)
+        return 2
     args.render = _render_enqueue
     return _run(args, lambda client: client.enqueue(request))
 
