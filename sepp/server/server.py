@@ -58,7 +58,7 @@ from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FrameReader, encode_frame
 from sepp.server import gcpolicy
-from sepp.server.config import ServerConfig
+from sepp.server.config import ServerConfig, load_tls_context
 from sepp.server.faults import crash_hook_from_env
 from sepp.server.ids import JobIds
 from sepp.server.loops import loop_kind
@@ -244,13 +244,7 @@ class SeppServer:
         return self.address
 
     def _tls_context(self) -> ssl.SSLContext | None:
-        server = self.config.values["server"]
-        cert, key = server["tls_cert_path"], server["tls_key_path"]
-        if cert is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(cert, key)
-        return context
+        return load_tls_context(self.config)
 
     async def wait_stopped(self) -> int:
         await self._stopped.wait()
