@@ -501,9 +501,8 @@ class SeppClient:
         lists such jobs raw (id, attempt, reason; leased to you: nack them, e.g.
         to the dead-letter store, or ack them) and whose ``jobs`` holds the
         jobs of the same answer that decoded. If the caller stops waiting
-        (cancellation, deadline), the reserve is withdrawn on the server; if
-        its answer had already left with jobs, they are released (ready at
-        once, no attempt counted).
+        (cancellation, deadline) and the answer arrives later, its jobs are
+        nacked back to ready immediately.
         """
         body: dict[str, Any] = {
             "queues": list(opts.queues),

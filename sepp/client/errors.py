@@ -43,7 +43,7 @@ from sepp.protocol.errors import (
     UNAUTHENTICATED,
     UNAVAILABLE,
 )
-from sepp.protocol.messages import OP_ACK, OP_EXTEND, OP_NACK, OP_RELEASE, OP_RESERVE
+from sepp.protocol.messages import OP_ACK, OP_EXTEND, OP_NACK, OP_RESERVE
 
 if TYPE_CHECKING:
     from sepp.client.types import DeadLetterRecord, Job, UndecodableDeadLetter, UndecodableJob

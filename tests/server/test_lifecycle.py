@@ -405,7 +405,7 @@ async def test_a_job_scheduled_in_the_past_is_ready_at_once_and_not_scheduled(
     (job_id,) = await client.enqueue_ids(job(q, scheduled_at_ms=now - 60_000))
     (delivered,) = await client.reserve([q])
     assert delivered["id"] == job_id
-    assert delivered["scheduled_at_ms"] == now - 60_000
+    assert delivered["scheduled_at_ms"] is None  # PROTOCOL.md 5.1: past = not scheduled
 
 
 # -- dedup --------------------------------------------------------------------------------
