@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# In CI (CI=true) a skip fails unless its reason is on tests/ci_skips.py's list.
+from tests.ci_skips import pytest_runtest_makereport  # noqa: F401 - a pytest hook
+
 SEED = int(os.environ.get("SEPP_SEED") or random.SystemRandom().randrange(2**32))
 
 settings.register_profile(

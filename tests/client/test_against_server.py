@@ -42,13 +42,6 @@ from sepp.client import (
 )
 from tests.client.fakeserver import eventually
 
-try:
-    from sepp.server.cli import main as _server_main
-except ImportError:  # pragma: no cover - the server is being written alongside
-    _server_main = None
-
-pytestmark = pytest.mark.skipif(_server_main is None, reason="sepp serve is not available")
-
 LEASE = timedelta(seconds=30)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 RETAIN_DEAD = {"SEPP_STORAGE__DEAD_LETTER_RETENTION_MS": "86400000"}

@@ -61,10 +61,6 @@ async def test_tls_refuses_an_unverifiable_server(certificate: tuple[Path, Path]
 
 
 async def test_tls_against_the_real_server(server_factory, certificate: tuple[Path, Path]) -> None:
-    try:
-        from sepp.server.cli import main  # noqa: F401
-    except ImportError:  # pragma: no cover - the server is being written alongside
-        pytest.skip("sepp serve is not available")
     cert, key = certificate
     server = server_factory(
         env={"SEPP_SERVER__TLS_CERT_PATH": str(cert), "SEPP_SERVER__TLS_KEY_PATH": str(key)}
