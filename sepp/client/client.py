@@ -402,9 +402,17 @@ class SeppClient:
     def _enqueue_body(
         self, jobs: Iterable[EnqueueRequest], atomic: bool
     ) -> tuple[dict[str, Any], bool]:
+        if isinstance(jobs, EnqueueRequest):
+            raise TypeError("expected a list of EnqueueRequest; for one job use enqueue(job)")
         requests = list(jobs)
         if not requests:
             raise EmptyBatchError()
+        for index, request in enumerate(requests):
+            if not isinstance(request, EnqueueRequest):
+                raise TypeError(
+                    f"job {index} must be an EnqueueRequest, e.g. EnqueueRequest('emails', "
+                    f"'send_welcome'); got {type(request).__name__}"
+                )
         trace = _otel.current_trace_headers()
         body: dict[str, Any] = {"jobs": [_convert.enqueue_job_to_wire(r, trace) for r in requests]}
         if atomic:
@@ -456,6 +464,11 @@ class SeppClient:
 
     async def enqueue(self, job: EnqueueRequest) -> EnqueueAck:
         """Enqueue one job; raises `JobRejectedError` if the server refuses it."""
+        if not isinstance(job, EnqueueRequest):
+            raise TypeError(
+                "enqueue takes an EnqueueRequest, e.g. EnqueueRequest('emails', "
+                f"'send_welcome'); got {type(job).__name__}"
+            )
         result = (await self.enqueue_batch([job]))[0]
         if isinstance(result, JobRejection):
             raise JobRejectedError(result)
@@ -501,9 +514,15 @@ class SeppClient:
         lists such jobs raw (id, attempt, reason; leased to you: nack them, e.g.
         to the dead-letter store, or ack them) and whose ``jobs`` holds the
         jobs of the same answer that decoded. If the caller stops waiting
-        (cancellation, deadline) and the answer arrives later, its jobs are
-        nacked back to ready immediately.
+        (cancellation, deadline), the reserve is withdrawn on the server; if
+        its answer had already left with jobs, they are released (ready at
+        once, no attempt counted).
         """
+        if not isinstance(opts, ReserveOptions):
+            raise TypeError(
+                "reserve takes ReserveOptions(queues, lease_duration), e.g. "
+                f"ReserveOptions(['emails'], timedelta(seconds=30)); got {type(opts).__name__}"
+            )
         body: dict[str, Any] = {
             "queues": list(opts.queues),
             "lease_ms": _convert.timedelta_to_ms(opts.lease_duration, round_up=True),
@@ -609,6 +628,11 @@ class SeppClient:
         (by `RetryDirective.DEAD_LETTER`, or because this was its last
         attempt). Fencing errors as for `ack`.
         """
+        if not isinstance(retry, RetryDirective):
+            raise TypeError(
+                "retry must be a RetryDirective (RetryDirective.DEFAULT, "
+                f"RetryDirective.after(delay), RetryDirective.DEAD_LETTER); got {retry!r:.80}"
+            )
         body = self._lease_body(ctx)
         if retry.kind == "after":
             if retry.delay is None:
@@ -633,6 +657,11 @@ class SeppClient:
     async def extend(self, ctx: JobCtx, extension: timedelta) -> datetime:
         """Renew the lease to ``now + extension`` (clamped by the server) and
         return the new deadline. The same as ``await ctx.extend(extension)``."""
+        if not isinstance(extension, timedelta):
+            raise TypeError(
+                "extension must be a datetime.timedelta, e.g. timedelta(seconds=30); "
+                f"got {type(extension).__name__} {extension!r:.80}"
+            )
         worker_id = ctx._lease.worker_id if ctx._lease is not None else None
         expiry = await self._extend_inner(ctx.id, ctx.attempt, extension, worker_id)
         if ctx._lease is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -60,6 +60,34 @@ class Payload:
 
     data: bytes
     encoding: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, bytearray | memoryview):
+            object.__setattr__(self, "data", bytes(self.data))
+        if not isinstance(self.data, bytes):
+            hint = " (encode text first: 'text'.encode())" if isinstance(self.data, str) else ""
+            raise TypeError(
+                f"Payload data must be bytes{hint}, e.g. Payload(b'{{}}', 'application/json'); "
+                f"got {type(self.data).__name__}"
+            )
+        if not isinstance(self.encoding, str):
+            raise TypeError(
+                "Payload encoding must be a str such as 'application/json'; "
+                f"got {type(self.encoding).__name__}"
+            )
+
+
+class QueueListError(TypeError, ValueError):
+    """`queues` was one string instead of a list of names. A `TypeError`, and a
+    `ValueError` as sepp-py raises for it."""
+
+
+def _expect(name: str, value: object, expected: type, what: str) -> None:
+    """Refuse a wrongly typed argument at the call, saying what is expected
+    (rather than an AttributeError from deep inside the client). A bool is not
+    taken for an int."""
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise TypeError(f"{name} must be {what}; got {type(value).__name__} {value!r:.80}")
 
 
 class PriorityOutOfRangeError(ValueError):
@@ -198,6 +226,27 @@ class EnqueueRequest:
     scheduled_at: datetime | None = None
 
     def __post_init__(self) -> None:
+        _expect("queue", self.queue, str, "a queue name (str)")
+        _expect("job_type", self.job_type, str, "a job type name (str)")
+        if self.payload is not None and not isinstance(self.payload, Payload):
+            raise TypeError(
+                "payload must be a Payload or None, e.g. "
+                "payload=Payload(b'{\"user\": 42}', 'application/json'); "
+                f"got {type(self.payload).__name__}"
+            )
+        if self.idempotency_key is not None:
+            _expect("idempotency_key", self.idempotency_key, str, "a str or None")
+        if self.max_attempts is not None:
+            _expect("max_attempts", self.max_attempts, int, "an int or None")
+        _expect("custom", self.custom, Mapping, "a mapping of str to str, int, float or bool")
+        if self.trace_context is not None:
+            _expect("trace_context", self.trace_context, TraceContext, "a TraceContext or None")
+        if self.scheduled_at is not None and not isinstance(self.scheduled_at, datetime):
+            raise TypeError(
+                "scheduled_at must be a datetime (timezone-aware, or naive meaning UTC) or "
+                "None; for a Unix timestamp use datetime.fromtimestamp(ts, timezone.utc); "
+                f"got {type(self.scheduled_at).__name__} {self.scheduled_at!r:.80}"
+            )
         if not self.queue:
             raise ValueError("queue must not be empty")
         if not self.job_type:
@@ -322,14 +371,24 @@ class ReserveOptions:
     max_jobs: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.queues, str):
-            raise ValueError("queues must be a sequence of queue names, not one string")
+        if isinstance(self.queues, str | bytes):
+            raise QueueListError(
+                f"queues must be a list of queue names, e.g. [{self.queues!r}], not one string"
+            )
+        _expect("queues", self.queues, Iterable, "a list of queue names")
         self.queues = list(self.queues)
         if not self.queues:
             raise ValueError("at least one queue is required")
         for index, name in enumerate(self.queues):
+            _expect(f"queue name {index}", name, str, "a str")
             if not name:
                 raise ValueError(f"queue name {index} must not be empty")
+        _expect("lease_duration", self.lease_duration, timedelta, "a datetime.timedelta")
+        _expect("wait_timeout", self.wait_timeout, timedelta, "a datetime.timedelta")
+        if self.max_jobs is not None:
+            _expect("max_jobs", self.max_jobs, int, "an int or None")
+        if self.worker_id is not None:
+            _expect("worker_id", self.worker_id, str, "a str or None")
         if self.lease_duration <= timedelta(0):
             raise ValueError("lease_duration must be positive")
         if self.max_jobs is not None and self.max_jobs < 1:

@@ -1,11 +1,13 @@
 """The Worker: reserve -> run a handler -> ack or nack, with bounded concurrency,
-automatic lease extension and graceful shutdown.
+lease renewal and graceful shutdown.
 
 Owns: `Worker` (the sepp-py API), `HandlerError` (how a handler chooses its
 job's retry), `ShutdownHandle`, `DuplicateHandlerError` and `WorkerMetrics`
 (hooks called as jobs move; OpenTelemetry counters when it is installed).
 
-A handler is ``async def handler(payload, ctx) -> None``:
+A handler is ``async def handler(payload, ctx) -> None`` or a plain
+``def handler(payload, ctx) -> None``; a plain function runs in a thread of the
+worker's own pool (at most `max_in_flight` threads), so it may block:
 
 * returning acks the job;
 * raising ``HandlerError.retry(reason)`` nacks it under the queue's policy,
@@ -14,11 +16,14 @@ A handler is ``async def handler(payload, ctx) -> None``:
 * raising anything else nacks it for a default retry.
 
 Promises: at most `max_in_flight` handlers run at once, and a reserve never
-asks for more jobs than there are free slots; a job whose lease was lost (an
-auto-extend answered not_found / attempt_mismatch, or the lease ran out while
-extends failed) has its handler cancelled and is never acked or nacked
-afterwards; after `ShutdownHandle.shutdown` no reserve is sent and `run`
-returns once the running handlers have finished.
+asks for more jobs than there are free slots; while a handler runs its lease is
+renewed (unless `auto_extend=False`), at a third of what the server granted; a
+job whose lease was lost (an extend answered not_found / attempt_mismatch, or
+the lease ran out while extends failed) is logged as a WARNING with its id, has
+its handler cancelled and is never acked or nacked afterwards; a job type
+without a handler is backed off, never retried within milliseconds; after
+`ShutdownHandle.shutdown` (or SIGINT / SIGTERM with ``run(handle_signals=True)``)
+no reserve is sent and `run` returns once the running handlers have finished.
 
 Must not import: sepp.core, sepp.storage, sepp.server.
 """
@@ -26,14 +31,21 @@ Must not import: sepp.core, sepp.storage, sepp.server.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import functools
+import inspect
 import logging
 import os
+import signal
 import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -47,7 +59,14 @@ from sepp.client.errors import (
     SeppError,
     UndecodableJobError,
 )
-from sepp.client.types import Job, JobCtx, Payload, ReserveOptions, UndecodableJob
+from sepp.client.types import (
+    Job,
+    JobCtx,
+    Payload,
+    QueueListError,
+    ReserveOptions,
+    UndecodableJob,
+)
 
 __all__ = [
     "DuplicateHandlerError",
@@ -60,7 +79,8 @@ __all__ = [
 
 logger = logging.getLogger("sepp.client.worker")
 
-Handler = Callable[[Payload | None, JobCtx], Awaitable[None]]
+# An ``async def`` handler, or a plain ``def`` one (run in a thread).
+Handler = Callable[[Payload | None, JobCtx], Awaitable[None] | None]
 
 _T = TypeVar("_T")
 
@@ -70,6 +90,18 @@ _T = TypeVar("_T")
 EARLY_EMPTY_THRESHOLD = timedelta(milliseconds=100)
 EARLY_EMPTY_BACKOFF = timedelta(milliseconds=250)
 NO_HANDLER_REASON = "no handler registered for this job_type"
+# A job of a type without a handler (e.g. during a rolling deploy, before every
+# worker has the new code) is nacked with this delay, doubled per attempt up to
+# NO_HANDLER_DELAY_MAX: spread out over minutes instead of burning its attempts
+# within milliseconds. On its last attempt, where a nack would dead-letter it,
+# it is held for that long and released instead when the client can release.
+NO_HANDLER_DELAY = timedelta(seconds=10)
+NO_HANDLER_DELAY_MAX = timedelta(minutes=10)
+NO_HANDLER_HOLD_MAX = timedelta(minutes=1)
+# How many job ids the no-handler backoff remembers (oldest forgotten first).
+NO_HANDLER_JOBS_REMEMBERED_MAX = 4096
+# How many job types "no handler" was warned about (a bound against junk types).
+NO_HANDLER_TYPES_WARNED_MAX = 1024
 
 
 class HandlerError(Exception):
@@ -202,19 +234,110 @@ def _default_worker_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _check_timedelta(name: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, timedelta):
+        example = f"e.g. timedelta(seconds={value!r})" if type(value) in (int, float) else ""
+        raise TypeError(
+            f"{name} must be a datetime.timedelta{' or None' if optional else ''}"
+            f"{', ' + example if example else ''}; got {_type_name(value)} {value!r}"
+        )
+
+
+def _check_int(name: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if type(value) is not int:
+        raise TypeError(
+            f"{name} must be an int{' or None' if optional else ''}; "
+            f"got {_type_name(value)} {value!r}"
+        )
+
+
+def _queue_names(queues: object) -> list[str]:
+    """`queues` as a list of names; a lone string is refused (iterating it would
+    reserve from one queue per character)."""
+    if isinstance(queues, str | bytes):
+        raise QueueListError(
+            f"queues must be a list of queue names, e.g. [{queues!r}], "
+            f"not the {_type_name(queues)} {queues!r}"
+        )
+    if not isinstance(queues, Iterable):
+        raise TypeError(f"queues must be a list of queue names; got {_type_name(queues)}")
+    names = list(queues)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"queues must hold queue names (str); got {_type_name(name)} {name!r}")
+    return names
+
+
+def _is_async_handler(handler: Callable[..., Any]) -> bool:
+    """Whether calling `handler` gives a coroutine: ``async def`` functions,
+    `functools.partial` of them, and objects with an ``async def __call__``."""
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - an object's async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _check_handler(handler: object) -> bool:
+    """Refuse what cannot be a handler; return whether it is async."""
+    if not callable(handler):
+        raise TypeError(
+            f"a handler must be a function handler(payload, ctx); got {_type_name(handler)}"
+        )
+    if inspect.isasyncgenfunction(handler) or inspect.isgeneratorfunction(handler):
+        raise TypeError(
+            "a handler must be a function (async def or def) that returns None, "
+            "not a generator function"
+        )
+    return _is_async_handler(handler)
+
+
+@dataclass(frozen=True)
+class _Registered:
+    fn: Handler
+    is_async: bool
+
+
 class Worker:
     """Runs handlers for the jobs of `queues`, on a `SeppClient`.
 
-    Register handlers with `handle` / the `handler` decorator (one per job
-    type) and optionally `catch_all`; then ``await worker.run()``, which returns
-    after the `ShutdownHandle` fires and running handlers finish. A job type
-    without a handler (and no catch-all) is nacked for retry.
+    `queues` is a list of queue names (``["emails"]``; a lone string is refused
+    with `TypeError`), tried in order; `lease_duration` a `timedelta`. Register
+    handlers with `handle` / the `handler` decorator (one per job type) and
+    optionally `catch_all`; then ``await worker.run()``, which returns after the
+    `ShutdownHandle` fires (or SIGINT / SIGTERM, with
+    ``run(handle_signals=True)``) and running handlers finish.
 
-    `max_in_flight` (default 16) bounds concurrent handlers. With `auto_extend`
-    a heartbeat renews each running job's lease — by `lease_duration`, every
-    third of the lease remaining, or every `auto_extend_interval` — so long
-    handlers keep their jobs; a handler that never returns then keeps its job
-    forever, so bound hang-prone work yourself (e.g. `asyncio.timeout`).
+    Handlers: ``async def`` handlers run on the event loop; plain ``def``
+    handlers run in a thread pool of `max_in_flight` threads owned by the
+    worker (so blocking calls are fine there; use `SyncSeppClient` rather than
+    ``ctx.extend`` from a thread). A thread cannot be cancelled: after a lost
+    lease a plain handler runs to its end and its outcome is ignored.
+
+    Jobs of a type without a handler (and no catch-all), e.g. during a rolling
+    deploy, are backed off: nacked with a delay of `no_handler_delay` doubled per
+    attempt (capped at 10 minutes), so they wait for a worker that knows them
+    instead of burning their attempts within milliseconds. On a job's last
+    attempt, where a nack would dead-letter it, the job is held (its lease
+    renewed) for that delay, at most a minute, and then released without
+    counting the attempt, if the client supports `release`. A WARNING is logged
+    once per unknown type.
+
+    `max_in_flight` (default 16) bounds concurrent handlers. Lease renewal is on
+    by default (`auto_extend=True`, like BullMQ's lock renewal): while a handler
+    runs, its lease is renewed by `lease_duration` every third of what the
+    server actually granted (it may clamp the lease to its maximum silently), or
+    every `auto_extend_interval`. A handler that never returns then keeps its
+    job forever, so bound hang-prone work yourself (e.g. `asyncio.timeout`).
+    With ``auto_extend=False`` a handler that outlives its lease loses the job
+    to another worker. A lost lease is logged as a WARNING with the job id.
     """
 
     def __init__(
@@ -227,11 +350,29 @@ class Worker:
         max_jobs: int | None = None,
         max_in_flight: int = 16,
         reserve_error_backoff: timedelta = timedelta(seconds=1),
-        auto_extend: bool = False,
+        auto_extend: bool = True,
         auto_extend_interval: timedelta | None = None,
         worker_id: str | None = None,
         metrics: WorkerMetrics | None = None,
+        no_handler_delay: timedelta = NO_HANDLER_DELAY,
     ) -> None:
+        if not isinstance(client, SeppClient):
+            raise TypeError(
+                "client must be an async SeppClient (await SeppClient.connect(...)); "
+                f"got {_type_name(client)}"
+            )
+        names = _queue_names(queues)
+        _check_timedelta("lease_duration", lease_duration)
+        _check_timedelta("wait_timeout", wait_timeout, optional=True)
+        _check_timedelta("reserve_error_backoff", reserve_error_backoff)
+        _check_timedelta("auto_extend_interval", auto_extend_interval, optional=True)
+        _check_timedelta("no_handler_delay", no_handler_delay)
+        _check_int("max_jobs", max_jobs, optional=True)
+        _check_int("max_in_flight", max_in_flight)
+        if not isinstance(auto_extend, bool):
+            raise TypeError(f"auto_extend must be True or False; got {auto_extend!r}")
+        if worker_id is not None and not isinstance(worker_id, str):
+            raise TypeError(f"worker_id must be a str or None; got {_type_name(worker_id)}")
         if wait_timeout is not None and wait_timeout <= timedelta(0):
             raise ValueError("wait_timeout must be positive")
         options: dict[str, Any] = {
@@ -240,10 +381,10 @@ class Worker:
         }
         if wait_timeout is not None:
             options["wait_timeout"] = wait_timeout
-        self._opts = ReserveOptions(list(queues), lease_duration, **options)
+        self._opts = ReserveOptions(names, lease_duration, **options)
         self._client = client
-        self._handlers: dict[str, Handler] = {}
-        self._catch_all_handler: Handler | None = None
+        self._handlers: dict[str, _Registered] = {}
+        self._catch_all_handler: _Registered | None = None
         self._max_in_flight = max(1, max_in_flight)
         self._reserve_error_backoff = reserve_error_backoff
         self._auto_extend = auto_extend or auto_extend_interval is not None
@@ -252,9 +393,16 @@ class Worker:
             if auto_extend_interval is None
             else max(auto_extend_interval, timedelta(milliseconds=1))
         )
+        self._no_handler_delay = max(no_handler_delay, timedelta(0))
+        self._no_handler_warned: set[str] = set()
+        # job id -> how often it came back without a handler (for the hold).
+        self._no_handler_seen: OrderedDict[str, int] = OrderedDict()
         self._shutdown = ShutdownHandle()
         self._metrics = metrics if metrics is not None else WorkerMetrics()
         self._in_flight = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._signals_received = 0
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -268,17 +416,26 @@ class Worker:
         """How many handlers are running now."""
         return self._in_flight
 
+    @staticmethod
+    def _registered(job_type: object, handler: Handler) -> _Registered:
+        if not isinstance(job_type, str) or not job_type:
+            raise TypeError(f"job_type must be a non-empty str; got {job_type!r}")
+        return _Registered(handler, _check_handler(handler))
+
     def handle(self, job_type: str, handler: Handler) -> Worker:
-        """Register `handler` for `job_type`; `DuplicateHandlerError` if one is
-        registered already. Returns the worker, for chaining."""
+        """Register `handler` (``async def`` or plain ``def``) for `job_type`;
+        `DuplicateHandlerError` if one is registered already, `TypeError` if it
+        is not a function of ``(payload, ctx)``. Returns the worker, for
+        chaining."""
+        registered = self._registered(job_type, handler)
         if job_type in self._handlers:
             raise DuplicateHandlerError(job_type)
-        self._handlers[job_type] = handler
+        self._handlers[job_type] = registered
         return self
 
     def replace_handler(self, job_type: str, handler: Handler) -> Worker:
         """Register `handler` for `job_type`, replacing any earlier one."""
-        self._handlers[job_type] = handler
+        self._handlers[job_type] = self._registered(job_type, handler)
         return self
 
     def remove_handler(self, job_type: str) -> Worker:
@@ -289,7 +446,7 @@ class Worker:
     def catch_all(self, handler: Handler) -> Handler:
         """Register the handler for job types without their own (replacing an
         earlier catch-all). Returns `handler`, so it works as a decorator."""
-        self._catch_all_handler = handler
+        self._catch_all_handler = _Registered(handler, _check_handler(handler))
         return handler
 
     def handler(self, job_type: str) -> Callable[[Handler], Handler]:
@@ -305,22 +462,36 @@ class Worker:
         """The handle that stops this worker."""
         return self._shutdown
 
+    def stop(self) -> None:
+        """Stop gracefully: the same as ``shutdown_handle().shutdown()``."""
+        self._shutdown.shutdown()
+
     # -- the loop ----------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, *, handle_signals: bool = False) -> None:
         """Reserve and process jobs until shutdown, then wait for running
         handlers and return.
+
+        With `handle_signals`, SIGINT (Ctrl-C) and SIGTERM stop the worker
+        gracefully while `run` runs: the first one stops reserving and lets
+        running handlers finish, a second one cancels them (their jobs are
+        released, or come back when their leases expire) so `run` returns at
+        once; either way without a traceback. The previous handlers are put
+        back when `run` returns. Needs the main thread's event loop.
 
         Reserve failures are logged and retried after `reserve_error_backoff`;
         they never end the loop, except `ClientClosedError` (the client was
         closed), which `run` raises once running handlers are done. The final
         wait has no time limit. Cancelling `run` instead of using the
-        `ShutdownHandle` cancels the running handlers too (their jobs come back
-        when their leases expire).
+        `ShutdownHandle` cancels the running handlers too (their jobs are
+        released, or come back when their leases expire).
         """
-        self._shutdown._bind(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self._shutdown._bind(loop)
+        self._signals_received = 0
+        restore = self._install_signal_handlers(loop) if handle_signals else []
         slots = asyncio.Semaphore(self._max_in_flight)
-        tasks: set[asyncio.Task[None]] = set()
+        tasks = self._tasks
         logger.info(
             "worker %s started (max_in_flight=%d, auto_extend=%s)",
             self.worker_id,
@@ -328,21 +499,74 @@ class Worker:
             self._auto_extend,
         )
         try:
-            await self._reserve_loop(slots, tasks)
-        except asyncio.CancelledError:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        except ClientClosedError:
-            # Nothing can succeed on a closed client: stop instead of looping.
-            logger.error("worker %s: the client was closed; stopping", self.worker_id)
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        logger.info("worker %s stopping; waiting for %d running jobs", self.worker_id, len(tasks))
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        logger.info("worker %s stopped", self.worker_id)
+            try:
+                await self._reserve_loop(slots, tasks)
+            except asyncio.CancelledError:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            except ClientClosedError:
+                # Nothing can succeed on a closed client: stop instead of looping.
+                logger.error("worker %s: the client was closed; stopping", self.worker_id)
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            logger.info(
+                "worker %s stopping; waiting for %d running jobs", self.worker_id, len(tasks)
+            )
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            logger.info("worker %s stopped", self.worker_id)
+        finally:
+            for sig, previous in restore:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, previous)
+            executor, self._executor = self._executor, None
+            if executor is not None:
+                # Threads of handlers cancelled by a lost lease may still run:
+                # they finish on their own, nothing waits for them.
+                executor.shutdown(wait=False)
+
+    def _install_signal_handlers(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> list[tuple[signal.Signals, Any]]:
+        installed: list[tuple[signal.Signals, Any]] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError) as exc:
+                for done, before in installed:
+                    loop.remove_signal_handler(done)
+                    signal.signal(done, before)
+                raise RuntimeError(
+                    "run(handle_signals=True) needs an event loop in the main thread "
+                    f"that supports signal handlers: {exc}"
+                ) from exc
+            installed.append((sig, previous if previous is not None else signal.SIG_DFL))
+        return installed
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals_received += 1
+        if self._signals_received == 1:
+            logger.warning(
+                "worker %s: %s received: taking no new jobs, finishing %d running "
+                "(send it again to cancel them)",
+                self.worker_id,
+                sig.name,
+                len(self._tasks),
+            )
+            self._shutdown.shutdown()
+            return
+        logger.warning(
+            "worker %s: %s received again: cancelling %d running handlers",
+            self.worker_id,
+            sig.name,
+            len(self._tasks),
+        )
+        self._shutdown.shutdown()
+        for task in self._tasks:
+            task.cancel()
 
     async def _reserve_loop(self, slots: asyncio.Semaphore, tasks: set[asyncio.Task[None]]) -> None:
         while not self._shutdown.is_shutdown:
@@ -463,43 +687,71 @@ class Worker:
         trace = ctx.trace_context
         producer = None if trace is None else (trace.traceparent, trace.tracestate)
         with _otel.consumer_span("sepp.process", producer):
-            handler = self._handlers.get(ctx.job_type) or self._catch_all_handler
-            if handler is None:
-                logger.warning("no handler for job_type %r; nacking job %s", ctx.job_type, ctx.id)
-                await self._settle(ctx, HandlerError.retry(NO_HANDLER_REASON))
-                return
-            if self._auto_extend and ctx._lease is not None:
-                try:
-                    outcome = await self._run_extending(handler, job, ctx._lease)
-                except _LeaseLost:
-                    self._metrics.record_lease_lost()
-                    logger.info(
-                        "lease of job %s (attempt %d) was lost; its handler was cancelled",
-                        ctx.id,
-                        ctx.attempt,
-                    )
+            registered = self._handlers.get(ctx.job_type) or self._catch_all_handler
+            try:
+                if registered is None:
+                    await self._no_handler(ctx)
                     return
-            else:
-                outcome = await self._run_handler(handler, job)
+                if self._auto_extend and ctx._lease is not None:
+                    try:
+                        outcome = await self._run_extending(registered, job, ctx._lease)
+                    except _LeaseLost as lost:
+                        self._metrics.record_lease_lost()
+                        logger.warning(
+                            "job %s (type %s, attempt %d): lease lost (%s); its handler was "
+                            "cancelled and the job will not be acked or nacked by this worker",
+                            ctx.id,
+                            ctx.job_type,
+                            ctx.attempt,
+                            lost,
+                        )
+                        return
+                else:
+                    outcome = await self._run_handler(registered, job)
+            except asyncio.CancelledError:
+                # run() was cancelled, or a second signal stopped it: the job
+                # did not finish here, so hand it back rather than leave it to
+                # its lease.
+                await self._release_unfinished(ctx)
+                raise
             await self._settle(ctx, outcome)
 
-    @staticmethod
-    async def _run_handler(handler: Handler, job: Job) -> Exception | None:
+    async def _run_handler(self, registered: _Registered, job: Job) -> Exception | None:
         """The handler's failure, or None if it returned."""
         try:
-            await handler(job.payload, job.ctx)
+            if registered.is_async:
+                await registered.fn(job.payload, job.ctx)  # type: ignore[misc]
+            else:
+                await self._run_in_thread(registered.fn, job)
         except Exception as exc:  # a handler's failure is data: it decides the nack
             return exc
         return None
 
-    async def _run_extending(self, handler: Handler, job: Job, lease: Lease) -> Exception | None:
-        handler_task = asyncio.ensure_future(self._run_handler(handler, job))
-        lost = asyncio.Event()
+    async def _run_in_thread(self, fn: Handler, job: Job) -> None:
+        """Run a plain ``def`` handler in the worker's thread pool (one thread per
+        slot: at most `max_in_flight`), with the caller's context variables."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=self._max_in_flight, thread_name_prefix="sepp-worker"
+            )
+        call = functools.partial(contextvars.copy_context().run, fn, job.payload, job.ctx)
+        result = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        if inspect.isawaitable(result):
+            # A plain function that returned a coroutine (a lambda around an
+            # async function): await it here, on the loop.
+            await result
+
+    async def _run_extending(
+        self, registered: _Registered, job: Job, lease: Lease
+    ) -> Exception | None:
+        handler_task = asyncio.ensure_future(self._run_handler(registered, job))
+        lost: list[str] = []
         heartbeat = asyncio.ensure_future(self._heartbeat(lease, handler_task, lost))
         try:
             outcome = await handler_task
         except asyncio.CancelledError:
-            if not lost.is_set():
+            if not lost:
+                handler_task.cancel()
                 raise  # cancelled from outside (run() itself was cancelled)
             outcome = None
         finally:
@@ -507,42 +759,133 @@ class Worker:
             await asyncio.gather(heartbeat, return_exceptions=True)
         # The heartbeat's verdict decides, even if the handler ignored the
         # cancellation and finished: someone else may own the job now.
-        if lost.is_set():
-            raise _LeaseLost()
+        if lost:
+            raise _LeaseLost(lost[0])
         return outcome
 
+    def _heartbeat_interval(self, lease: Lease) -> timedelta:
+        if self._auto_extend_interval is not None:
+            return self._auto_extend_interval
+        # A third of what the server actually granted, which may be less than
+        # we asked for (it clamps to its maximum without a word). Nothing left
+        # means this client's clock runs ahead of the server's: then a third of
+        # what we asked for (at most a second), not a tight loop of extends.
+        remaining = timedelta(milliseconds=lease.known_expiry_ms - _convert.now_ms())
+        if remaining <= timedelta(0):
+            return min(self._opts.lease_duration / 3, timedelta(seconds=1))
+        return max(remaining / 3, timedelta(milliseconds=1))
+
     async def _heartbeat(
-        self, lease: Lease, handler_task: asyncio.Future[Any], lost: asyncio.Event
+        self, lease: Lease, handler_task: asyncio.Future[Any], lost: list[str]
     ) -> None:
         extend_by = self._opts.lease_duration
         while True:
-            if self._auto_extend_interval is not None:
-                interval = self._auto_extend_interval
-            else:
-                # A third of what the server actually granted, which may be
-                # less than we asked for after clamping.
-                remaining = max(0, lease.known_expiry_ms - _convert.now_ms())
-                interval = max(timedelta(milliseconds=remaining) / 3, timedelta(milliseconds=1))
-            await asyncio.sleep(interval.total_seconds())
+            await asyncio.sleep(self._heartbeat_interval(lease).total_seconds())
             try:
                 expiry = await lease.extend(extend_by)
             except LeaseError as exc:
-                logger.debug("extend refused (%s): the lease is lost", exc)
+                lost.append(f"extend refused: {exc}")
             except SeppError as exc:
                 if _convert.now_ms() < lease.known_expiry_ms:
                     logger.warning("extend failed (%s); the lease still holds, will retry", exc)
                     continue
-                logger.warning("extend failed (%s) and the lease has run out", exc)
+                lost.append(f"extend failed ({exc}) and the lease has run out")
             else:
                 logger.debug("lease extended to %s", expiry)
                 continue
-            lost.set()
             handler_task.cancel()
             return
 
+    # -- jobs nobody here can run ------------------------------------------------------------------
+
+    def _no_handler_backoff(self, ctx: JobCtx) -> timedelta:
+        doublings: int = min(max(ctx.attempt - 1, 0), 20)
+        return min(self._no_handler_delay * (1 << doublings), NO_HANDLER_DELAY_MAX)
+
+    def _warn_no_handler_once(self, ctx: JobCtx) -> None:
+        if ctx.job_type in self._no_handler_warned:
+            return
+        if len(self._no_handler_warned) < NO_HANDLER_TYPES_WARNED_MAX:
+            self._no_handler_warned.add(ctx.job_type)
+        logger.warning(
+            "worker %s has no handler for job_type %r (job %s, queue %s): such jobs are "
+            "retried after %s, doubling per attempt, for a worker that handles them "
+            "(logged once per type)",
+            self.worker_id,
+            ctx.job_type,
+            ctx.id,
+            ctx.queue,
+            self._no_handler_backoff(ctx),
+        )
+
+    async def _no_handler(self, ctx: JobCtx) -> None:
+        """Back off a job of a type without a handler: never burn its attempts
+        in a burst, and on its last attempt do not dead-letter it when it can
+        be released instead."""
+        self._warn_no_handler_once(ctx)
+        release = getattr(self._client, "release", None)
+        if ctx.attempt < ctx.max_attempts or release is None:
+            delay = self._no_handler_backoff(ctx)
+            logger.info(
+                "job %s: no handler for job_type %r; retrying in %s", ctx.id, ctx.job_type, delay
+            )
+            await self._settle(ctx, HandlerError.retry_after(NO_HANDLER_REASON, delay))
+            return
+        # The last attempt: a nack would dead-letter the job. Hold it for a
+        # while (its lease renewed), then release it without using the attempt.
+        seen = self._no_handler_seen.pop(ctx.id, 0)
+        self._no_handler_seen[ctx.id] = seen + 1
+        while len(self._no_handler_seen) > NO_HANDLER_JOBS_REMEMBERED_MAX:
+            self._no_handler_seen.popitem(last=False)
+        hold = min(self._no_handler_delay * (1 << min(seen, 20)), NO_HANDLER_HOLD_MAX)
+        logger.info(
+            "job %s: no handler for job_type %r on its last attempt; holding it %s, "
+            "then releasing it",
+            ctx.id,
+            ctx.job_type,
+            hold,
+        )
+
+        async def wait(payload: Payload | None, job_ctx: JobCtx) -> None:
+            await self._unless_shutdown(asyncio.sleep(hold.total_seconds()))
+
+        holder = _Registered(wait, True)
+        job = Job(None, ctx)
+        if self._auto_extend and ctx._lease is not None:
+            try:
+                await self._run_extending(holder, job, ctx._lease)
+            except _LeaseLost as lost:
+                logger.warning("job %s: lease lost while held (%s)", ctx.id, lost)
+                return
+        await self._release(ctx)
+
+    async def _release(self, ctx: JobCtx) -> bool:
+        """Hand the job back without counting its attempt (when the client can);
+        True if it was released."""
+        release = getattr(self._client, "release", None)
+        if release is None:
+            return False
+        try:
+            await release(ctx)
+        except SeppError as exc:
+            logger.warning(
+                "could not release job %s (it comes back when its lease expires): %s", ctx.id, exc
+            )
+            return False
+        logger.info("released job %s (attempt %d not counted)", ctx.id, ctx.attempt)
+        return True
+
+    async def _release_unfinished(self, ctx: JobCtx) -> None:
+        if not await self._release(ctx):
+            logger.info(
+                "job %s was cancelled before it finished; it comes back when its lease expires",
+                ctx.id,
+            )
+
     async def _settle(self, ctx: JobCtx, outcome: Exception | None) -> None:
-        """Ack or nack after the handler; fencing errors mean the lease was
-        lost meanwhile and are only logged at debug level."""
+        """Ack or nack after the handler. A fencing error means the lease was
+        lost meanwhile (another worker may run the job): a WARNING, not raised."""
+        action = "ack" if outcome is None else "nack"
         try:
             if outcome is None:
                 await self._client.ack(ctx)
@@ -558,7 +901,17 @@ class Worker:
             dead_lettered = await self._client.nack(ctx, directive, reason)
             self._metrics.record_nacked(dead_lettered)
         except (JobNotFoundError, AttemptMismatchError) as exc:
-            logger.debug("job %s is no longer ours, nothing to report: %s", ctx.id, exc)
+            self._metrics.record_lease_lost()
+            logger.warning(
+                "job %s (type %s, attempt %d): lease lost before its %s (%s): the job is "
+                "no longer ours and another worker may run it again; keep auto_extend on "
+                "or lease for longer",
+                ctx.id,
+                ctx.job_type,
+                ctx.attempt,
+                action,
+                exc,
+            )
         except SeppError as exc:
             logger.warning(
                 "could not report job %s (it comes back when its lease expires): %s", ctx.id, exc

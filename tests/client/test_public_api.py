@@ -155,7 +155,8 @@ def test_defaults_match_sepp_py() -> None:
     worker = inspect.signature(sepp.Worker.__init__).parameters
     assert worker["max_in_flight"].default == 16
     assert worker["reserve_error_backoff"].default == timedelta(seconds=1)
-    assert worker["auto_extend"].default is False
+    # sepp differs here: leases are renewed by default (issue 12), sepp-py's is False.
+    assert worker["auto_extend"].default is True
     nack = inspect.signature(sepp.SeppClient.nack).parameters
     assert nack["retry"].default == sepp.RetryDirective.DEFAULT
     assert (

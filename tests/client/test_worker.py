@@ -24,7 +24,7 @@ from sepp.client import (
     WorkerMetrics,
     _otel,
 )
-from sepp.client.worker import NO_HANDLER_REASON
+from sepp.client.worker import NO_HANDLER_DELAY, NO_HANDLER_REASON
 from tests.client.fakeserver import FakeServer, error, eventually, make_job
 
 LEASE = timedelta(seconds=30)
@@ -115,7 +115,7 @@ async def test_the_catch_all_takes_types_without_a_handler(fake: FakeServer) -> 
         await client.close()
 
 
-async def test_a_type_without_handler_is_nacked_for_retry(fake: FakeServer) -> None:
+async def test_a_type_without_handler_is_nacked_for_a_delayed_retry(fake: FakeServer) -> None:
     async with fake:
         client = await SeppClient.connect(fake.address)
         worker = new_worker(client)
@@ -124,7 +124,8 @@ async def test_a_type_without_handler_is_nacked_for_retry(fake: FakeServer) -> N
         await fake.wait_until(lambda: len(fake.queue.nacked) == 1)
         await stop(worker, task)
         nack = fake.queue.nacked[0]
-        assert (nack["retry"], nack["reason"]) == ("default", NO_HANDLER_REASON)
+        assert (nack["retry"], nack["reason"]) == ("delay", NO_HANDLER_REASON)
+        assert nack["delay_ms"] == NO_HANDLER_DELAY.total_seconds() * 1000
         await client.close()
 
 
@@ -379,7 +380,7 @@ async def test_a_transient_extend_failure_keeps_the_handler_running(fake: FakeSe
         await client.close()
 
 
-async def test_fencing_errors_on_ack_are_logged_at_debug_not_raised(
+async def test_fencing_errors_on_ack_are_logged_as_warnings_with_the_job_id_not_raised(
     fake: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with fake:
@@ -397,7 +398,12 @@ async def test_fencing_errors_on_ack_are_logged_at_debug_not_raised(
         await eventually(lambda: len(fake.queue.acked) == 1)
         await stop(worker, task)
         fenced = [r for r in caplog.records if "no longer ours" in r.getMessage()]
-        assert fenced and all(r.levelno == logging.DEBUG for r in fenced)
+        assert len(fenced) == 1 and fenced[0].levelno == logging.WARNING
+        assert "lease lost before its ack" in fenced[0].getMessage()
+        (lost,) = set(fake.queue.in_flight) | {
+            r.body["job_id"] for r in fake.ops("ack") if r.body["job_id"] not in fake.queue.acked
+        }
+        assert lost in fenced[0].getMessage()
         await client.close()
 
 
