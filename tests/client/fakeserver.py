@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import ssl as ssl_module
 import threading
 import time
@@ -89,6 +90,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# Job ids: a counter, not uuid4: nothing in a client test may depend on
+# randomness from outside SEPP_SEED (the ids are unique, and that is all they need be).
+_job_ids = itertools.count(1)
+
+
 def make_job(
     job_type: str = "work",
     *,
@@ -106,7 +112,7 @@ def make_job(
 ) -> dict[str, Any]:
     """A job body as the wire carries it (lease fields are set on reserve)."""
     return job_body(
-        job_id or str(uuid.uuid4()),
+        job_id or str(uuid.UUID(int=next(_job_ids), version=4)),
         queue,
         job_type,
         payload,

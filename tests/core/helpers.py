@@ -11,6 +11,7 @@ Time is always an argument: tests pass `now=` explicitly; nothing reads a clock.
 
 from __future__ import annotations
 
+import random
 import uuid
 from typing import Any
 
@@ -56,8 +57,19 @@ from sepp.core.state import STATUS_NAMES, Job
 NOW = 1_000_000
 
 
+# Job ids break ties in the ready order, so they are drawn from the run's seed,
+# never from uuid4: tests/core/conftest.py reseeds this stream before each test
+# from SEPP_SEED and the test's id, so a failure replays with `SEPP_SEED=...`.
+_ids = random.Random(0)
+
+
+def seed_ids(seed: str) -> None:
+    """Restart the id stream (tests/core/conftest.py does, before every test)."""
+    _ids.seed(seed)
+
+
 def new_id() -> str:
-    return str(uuid.uuid4())
+    return str(uuid.UUID(int=_ids.getrandbits(128), version=4))
 
 
 def ordered_ids(count: int) -> list[str]:

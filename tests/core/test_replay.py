@@ -339,7 +339,7 @@ def _one_of_each() -> tuple[Harness, str, str]:
 
 
 IMPOSSIBLE = [
-    pytest.param(lambda r, f: JobAcked(job_id=str(uuid.uuid4()), attempt=1, worker_id=None), id="an ack of an unknown job"),
+    pytest.param(lambda r, f: JobAcked(job_id=str(uuid.UUID(int=0xDEAD)), attempt=1, worker_id=None), id="an ack of an unknown job"),
     pytest.param(lambda r, f: JobAcked(job_id=r, attempt=1, worker_id=None), id="an ack of a ready job"),
     pytest.param(lambda r, f: JobAcked(job_id=f, attempt=2, worker_id=None), id="an ack of another attempt"),
     pytest.param(lambda r, f: JobReserved(job_id=f, attempt=1, lease_expires_at=NOW, worker_id=None), id="a reserve of an in-flight job"),

@@ -12,6 +12,7 @@ and test_hostile_input.py cover the frames one by one.
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Callable
@@ -179,14 +180,14 @@ def _check_everything_there(
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_a_damaged_newest_snapshot_is_set_aside_and_nothing_is_lost(
-    damage: str, server_factory: Callable[..., ServerProcess]
+    damage: str, server_factory: Callable[..., ServerProcess], rng: random.Random
 ) -> None:
     data_dir, ledger, snapshots = _two_snapshots(server_factory)
     assert len(snapshots) == 2
     newest = snapshots[-1]
     data = newest.read_bytes()
     newest.write_bytes(
-        {"truncated": data[: len(data) // 2], "garbage": os.urandom(len(data)), "empty": b""}[
+        {"truncated": data[: len(data) // 2], "garbage": rng.randbytes(len(data)), "empty": b""}[
             damage
         ]
     )
