@@ -126,6 +126,8 @@ class SeppServer:
         self.exit_code = EXIT_OK
         self.stopping = False
         self.storage_failure: BaseException | None = None
+        # Damage wholly below the snapshot recovery started from (the health detail).
+        self.damaged_history: list[dict[str, object]] = []
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
@@ -194,6 +196,28 @@ class SeppServer:
         )
         for path, reason in report.skipped_snapshots:
             log.warning("skipped damaged snapshot %s: %s", path, reason)
+        for damage in report.damaged_history:
+            # Started past (recovery table rows 15, 16): the state is whole, but a
+            # disk that flips bits is failing, and audits lose these records.
+            log.error(
+                "%s: serving every job; `sepp-log verify %s` reports it, and "
+                "`sepp-log repair %s --set-aside-history` moves it aside",
+                damage.describe(),
+                data_dir,
+                data_dir,
+            )
+        self.damaged_history = [
+            {
+                "file": damage.path,
+                "offset": damage.offset,
+                "seq": damage.seq,
+                "reason": damage.reason,
+                "first_seq": damage.first_seq,
+                "last_seq": damage.last_seq,
+                "snapshot_seq": damage.snapshot_seq,
+            }
+            for damage in report.damaged_history
+        ]
         if engine.options.persist_mode == "buffer":
             log.warning(
                 "persist_mode = buffer: acknowledged writes survive a process crash but up to "
@@ -755,16 +779,16 @@ class ClientConnection(asyncio.Protocol):
 
     def op_health(self, request_id: int, body: None) -> None:
         server = self.server
+        answer: dict[str, object]
         if server.storage_failure is not None:
-            self.reply(
-                request_id, perr.OK, {"status": "not_serving", "reason": perr.REASON_STORAGE_FAILED}
-            )
+            answer = {"status": "not_serving", "reason": perr.REASON_STORAGE_FAILED}
         elif server.stopping:
-            self.reply(
-                request_id, perr.OK, {"status": "not_serving", "reason": perr.REASON_SHUTTING_DOWN}
-            )
+            answer = {"status": "not_serving", "reason": perr.REASON_SHUTTING_DOWN}
         else:
-            self.reply(request_id, perr.OK, {"status": "serving"})
+            answer = {"status": "serving"}
+        if server.damaged_history:
+            answer["damaged_history"] = server.damaged_history
+        self.reply(request_id, perr.OK, answer)
 
     def op_enqueue(self, request_id: int, body: pm.EnqueueBody) -> None:
         if self.server.stopping:

@@ -327,6 +327,14 @@ class FaultyFileSystem:
     def write_zeros(self, handle: int, offset: int, size: int) -> None:
         path, inode = self._handle(handle)
         self._op("write_zeros", path)
+        if self.capacity_bytes is not None:
+            # As the real seam's pwrite loop on a full disk: the zeros that fit
+            # are written (a short write), then ENOSPC.
+            room = self.capacity_bytes - self._used_bytes() + max(0, len(inode.data) - offset)
+            if size > room:
+                if room > 0:
+                    inode.put(bytes(room), offset)
+                raise OSError(errno.ENOSPC, "no space left on device", path)
         self._put_at(path, inode, bytes(size), offset)
 
     def _handle(self, handle: int) -> tuple[str, _Inode]:

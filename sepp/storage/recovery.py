@@ -20,10 +20,24 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 12 | no usable snapshot and the log does not start at seq 1 | refuse to start |
 | 13 | a checksummed record that does not decode or apply | refuse to start |
 | 14 | leftover snapshot temp files | delete them |
+| 15 | damage (rows 6, 7, an inner sequence gap, a bad header as in row 9) in a **sealed** segment wholly below the snapshot recovery starts from (the next segment starts at or below that snapshot's seq + 1) | start: it is damaged *history*, the snapshot holds the state; report it (`damaged_history`), leave the file for `sepp-log repair --set-aside-history` |
+| 16 | records missing between two segments, wholly below the snapshot recovery starts from | start and report it as damaged history (row 15) |
+| 17 | damage in a segment that also holds records after the snapshot recovery starts from, or in the **last** segment (the one appended to) | refuse to start (rows 6-9): those records are state |
+| 18 | newest snapshot damaged (row 11), the older one used, and log damage above the older snapshot (covered only by the damaged one) | refuse to start: the records are lost in both copies; the refusal names the damaged snapshot |
 
 A refusal raises `RecoveryError` with the file, byte offset, sequence number and
 reason, and points the operator at `sepp-log verify`. Nothing is ever skipped
 silently: one lost JobAcked or JobEnqueued would corrupt everything after it.
+
+Rows 15-18: records at or below the snapshot recovery starts from are never
+replayed (row 3), so damage wholly below it loses history (audits, `sepp-log
+dump`), not state. Which snapshot that is comes first (rows 3, 11, 12: the newest
+that loads and that the log continues), then the log is judged against it: damage
+between a damaged newest snapshot and the older one used is not history (row 18).
+A segment is wholly below the snapshot when the *next* segment's name says it
+starts at or below the snapshot's seq + 1: the damage itself may hide where the
+damaged segment's records end. The last segment is never history (row 17): the
+writer appends to it, after the damage.
 
 Must not import: asyncio, sockets.
 """
@@ -107,6 +121,35 @@ class RecoveryReport:
     last_seq: int = 0
     snapshot_load_s: float = 0.0
     replay_s: float = 0.0
+    # Rows 15, 16: damage wholly below the snapshot used, started past.
+    damaged_history: list[DamagedHistory] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedHistory:
+    """Damage in (or records missing before) a sealed segment wholly below the
+    snapshot recovery started from: records `first_seq..last_seq` (what the segment
+    should hold) are lost to audits, not to the state (`snapshot_seq` holds it)."""
+
+    path: str
+    offset: int | None
+    seq: int | None
+    reason: str
+    first_seq: int
+    last_seq: int
+    snapshot_seq: int
+
+    def describe(self) -> str:
+        where = [self.path]
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        if self.seq is not None:
+            where.append(f"seq {self.seq}")
+        return (
+            f"damaged history in {' '.join(where)}: {self.reason}; records "
+            f"{self.first_seq}..{self.last_seq} are lost to audits, but the snapshot at seq "
+            f"{self.snapshot_seq} holds the state"
+        )
 
 
 @dataclass
@@ -132,6 +175,50 @@ def _header(data: bytes) -> SegmentHeader | str | None:
         if len(data) < FILE_HEADER_BYTES and SEGMENT_MAGIC.startswith(head[: len(SEGMENT_MAGIC)]):
             return None
         return exc.reason
+
+
+def _record_time(path: str, record: Record) -> int:
+    """The time of a checksummed record (a segment's age, for log retention)."""
+    try:
+        return decode_envelope(record.body).time_ms
+    except FormatError as exc:
+        raise RecoveryError(
+            f"record does not decode: {exc}", path=path, offset=record.offset, seq=record.seq
+        ) from exc
+
+
+def _history(
+    report: RecoveryReport,
+    segments: list[Segment],
+    path: str,
+    size: int,
+    first_seq: int,
+    last_seq: int,
+    base_seq: int,
+    offset: int | None,
+    seq: int | None,
+    reason: str,
+) -> None:
+    """Rows 15, 16: started past, reported, and the file kept as a segment of the
+    log (retention deletes it in its turn; its age is its last readable record's,
+    0 -- old -- when none is)."""
+    report.damaged_history.append(
+        DamagedHistory(path, offset, seq, reason, first_seq, last_seq, base_seq)
+    )
+    segments.append(Segment(first_seq, path, size, last_seq))
+
+
+def _covering_note(report: RecoveryReport, seq: int) -> str:
+    """Row 18: a refusal of damage that a skipped (damaged) snapshot would have
+    covered says so: the records are lost in both copies."""
+    for path, reason in report.skipped_snapshots:
+        snap_seq = parse_snapshot_file_name(os.path.basename(path))
+        if snap_seq is not None and seq <= snap_seq:
+            return (
+                f"; only the snapshot {path} covers it, and it is damaged ({reason}): "
+                "the records are lost in both"
+            )
+    return ""
 
 
 def list_snapshots(fs: FileSystem, snap_dir: str) -> list[tuple[int, str]]:
@@ -228,10 +315,33 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     expected = seg_files[0][0] if seg_files else base_seq + 1
     for index, (name_seq, path) in enumerate(seg_files):
         is_last = index == len(seg_files) - 1
+        # Rows 15-17: the last seq this segment should hold, by the next segment's
+        # name; at or below the snapshot, damage in the segment is history.
+        history_end = base_seq + 1
+        if not is_last and seg_files[index + 1][0] - 1 <= base_seq:
+            history_end = seg_files[index + 1][0] - 1
+        is_history = history_end <= base_seq and name_seq >= expected
         data = fs.read(path)
         header = _header(data)
         if not isinstance(header, SegmentHeader):
-            raise RecoveryError(f"bad segment header: {header or 'torn'}", path=path, offset=0)
+            reason = f"bad segment header: {header or 'torn'}"
+            if is_history:
+                _history(
+                    report,
+                    segments,
+                    path,
+                    len(data),
+                    expected,
+                    history_end,
+                    base_seq,
+                    0,
+                    None,
+                    reason,
+                )
+                segments[-1].first_seq = name_seq
+                expected = history_end + 1
+                continue
+            raise RecoveryError(reason + _covering_note(report, name_seq), path=path, offset=0)
         if header.first_seq != name_seq:
             raise RecoveryError(
                 f"segment header says first seq {header.first_seq}, its name says {name_seq}",
@@ -239,12 +349,25 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
                 offset=0,
             )
         if header.first_seq != expected:
-            raise RecoveryError(
-                f"sequence gap between segments: expected seq {expected}, segment starts at {header.first_seq}",
-                path=path,
-                offset=0,
-                seq=expected,
+            reason = (
+                f"sequence gap between segments: expected seq {expected}, segment starts at "
+                f"{header.first_seq}"
             )
+            if expected < header.first_seq <= base_seq + 1:
+                # Row 16: the missing records are all below the snapshot.
+                report.damaged_history.append(
+                    DamagedHistory(
+                        path, 0, expected, reason, expected, header.first_seq - 1, base_seq
+                    )
+                )
+                expected = header.first_seq
+            else:
+                raise RecoveryError(
+                    reason + _covering_note(report, expected),
+                    path=path,
+                    offset=0,
+                    seq=expected,
+                )
         segment = Segment(header.first_seq, path, len(data), header.first_seq - 1)
         last_time = 0
         last_record: Record | None = None
@@ -292,10 +415,34 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
                 except FormatError as exc:
                     reason = f"record does not replay: {exc}"
                 raise RecoveryError(reason, path=path, offset=terminal.offset, seq=terminal.seq)
+        if is_history and (type(terminal) is TornTail or type(terminal) is Corruption):
+            # Row 15: damage in a sealed segment the snapshot wholly covers.
+            damage_seq = expected
+            if type(terminal) is Corruption and terminal.seq is not None:
+                damage_seq = terminal.seq
+            _history(
+                report,
+                segments,
+                path,
+                len(data),
+                header.first_seq,
+                history_end,
+                base_seq,
+                terminal.offset,
+                damage_seq,
+                f"{'sealed segment ends in damage' if type(terminal) is TornTail else 'corrupt record'} "
+                f"({terminal.reason})",
+            )
+            segments[-1].last_time_ms = (
+                _record_time(path, last_record) if last_record is not None else 0
+            )
+            expected = history_end + 1
+            continue
         if type(terminal) is TornTail:
             if not is_last:
                 raise RecoveryError(
-                    f"sealed segment ends in damage ({terminal.reason})",
+                    f"sealed segment ends in damage ({terminal.reason})"
+                    + _covering_note(report, expected),
                     path=path,
                     offset=terminal.offset,
                     seq=expected,
@@ -310,24 +457,17 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             else:
                 report.truncated = (path, terminal.offset, cut)
         elif type(terminal) is Corruption:
+            seq = terminal.seq if terminal.seq is not None else expected
             raise RecoveryError(
-                f"corrupt record ({terminal.reason})",
+                f"corrupt record ({terminal.reason})" + _covering_note(report, seq),
                 path=path,
                 offset=terminal.offset,
-                seq=terminal.seq if terminal.seq is not None else expected,
+                seq=seq,
             )
         if last_record is not None and last_time == 0:
             # Records at or below the snapshot are only checksummed, not decoded;
             # log retention still needs the segment's age, from its last record.
-            try:
-                last_time = decode_envelope(last_record.body).time_ms
-            except FormatError as exc:
-                raise RecoveryError(
-                    f"record does not decode: {exc}",
-                    path=path,
-                    offset=last_record.offset,
-                    seq=last_record.seq,
-                ) from exc
+            last_time = _record_time(path, last_record)
         segment.last_time_ms = last_time
         segments.append(segment)
     report.replay_s = time.perf_counter() - started

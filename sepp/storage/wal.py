@@ -17,6 +17,10 @@ Promises:
   its size; a sealed segment, and the last one after a clean close, end with their
   last record. The format is unchanged: a reader sees the zeros as the end of the
   records (a zero-filled tail), and recovery cuts them as it cuts a torn tail.
+- Preallocation is an optimisation, never a reason to fail: when the zeros do not
+  fit (ENOSPC or EDQUOT on a nearly full disk), whatever part of them was written
+  is cut again and the segment goes on without them (logged once); the next
+  segment tries again. Only a record that cannot be written fails the log.
 - Any OSError is passed up unchanged; the engine makes it a permanent failure. A
   failed sync is never retried (PostgreSQL "fsyncgate": after a failed fsync the
   kernel may have dropped the dirty pages, so a retry can report success falsely).
@@ -26,6 +30,7 @@ Must not import: asyncio, sockets.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -61,6 +66,10 @@ HOOK_POINTS = (
 
 # The active segment's file runs ahead of its records by up to this many zeros.
 PREALLOCATE_BYTES = 1 << 20
+# A zero extension failing with one of these means "no room for the zeros": the
+# records are written without them (a nearly full disk must not stop the log
+# while each record still fits).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _no_hook(point: str) -> None:
@@ -108,6 +117,9 @@ class SegmentWriter:
         # Where the active segment's file ends: past its records while it holds
         # preallocated zeros (see `append`).
         self._file_end = 0
+        # False once the zeros did not fit in the active segment (until rotation).
+        self._preallocate = True
+        self._preallocation_lost_logged = False
         if segments:
             # What recovery found may be only in the page cache: a process killed
             # between a write and its sync (or before a new segment's directory
@@ -156,6 +168,7 @@ class SegmentWriter:
         self._handle = handle
         self._unsynced = False
         self._file_end = len(header)
+        self._preallocate = True  # space may be back (retention, an operator)
 
     def _sync(self, handle: int) -> None:
         if self.persist_mode == PERSIST_SYNC_DATA:
@@ -212,13 +225,16 @@ class SegmentWriter:
         end = active.size + len(data)
         self.fs.write_at(handle, data, active.size)
         if end > self._file_end:
-            # Grow the file by PREALLOCATE_BYTES of zeros at a time: the syncs of
-            # the batches written over them then change no file size, so they
-            # need no file-system journal commit (a third of an fdatasync's CPU
-            # on ext4; benchmarks/README.md finding 16). Recovery cuts a zero
-            # tail like a torn one; rotation and close cut it too.
-            self.fs.write_zeros(handle, end, PREALLOCATE_BYTES)
-            self._file_end = end + PREALLOCATE_BYTES
+            if self._preallocate:
+                # Grow the file by PREALLOCATE_BYTES of zeros at a time: the syncs
+                # of the batches written over them then change no file size, so
+                # they need no file-system journal commit (a third of an
+                # fdatasync's CPU on ext4; benchmarks/README.md finding 16).
+                # Recovery cuts a zero tail like a torn one; rotation and close
+                # cut it too.
+                self._preallocate_after(handle, active.path, end)
+            else:
+                self._file_end = end
         self._hook("wal.after_write")
         if self.persist_mode == PERSIST_BUFFER or not sync:
             self._unsynced = True
@@ -229,6 +245,35 @@ class SegmentWriter:
             active.size += len(data)
             active.last_seq = last_seq
             active.last_time_ms = last_time_ms
+
+    def _preallocate_after(self, handle: int, path: str, end: int) -> None:
+        """Write the zeros after the data end `end`, or, when they do not fit, go on
+        without them: the records before `end` are written already, and a failed
+        optimisation must not fail them (a 1 MiB step on a disk with less than
+        that free would otherwise stop the log on every restart)."""
+        try:
+            self.fs.write_zeros(handle, end, PREALLOCATE_BYTES)
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                raise
+            # A short write may have placed some of the zeros: cut them (ftruncate
+            # + fsync), so they hold no blocks the records need. A failure here is
+            # a real one and goes up.
+            self.fs.truncate(path, end)
+            self._file_end = end
+            self._preallocate = False
+            if not self._preallocation_lost_logged:
+                self._preallocation_lost_logged = True
+                log.warning(
+                    "no room to preallocate %d bytes after the records of %s (%s): writing "
+                    "the log without preallocation (each sync also updates the file size) "
+                    "until a new segment finds room; free disk space",
+                    PREALLOCATE_BYTES,
+                    os.path.basename(path),
+                    exc,
+                )
+            return
+        self._file_end = end + PREALLOCATE_BYTES
 
     def mark_synced(self, last_seq: int) -> None:
         """The caller synced the active segment after writing up to `last_seq`."""

@@ -11,11 +11,17 @@ the data end with nothing released lost.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
-from sepp.storage import Engine, RealFileSystem, StorageOptions
+import pytest
+
+from sepp.storage import Engine, RealFileSystem, StorageFailed, StorageOptions
 from sepp.storage.faultfs import FaultyFileSystem
 from sepp.storage.wal import PREALLOCATE_BYTES
 from tests.storage.helpers import (
@@ -147,3 +153,119 @@ def test_write_at_and_write_zeros_on_real_files(tmp_path: Path) -> None:
     finally:
         fs.close(handle)
     assert Path(path).read_bytes()[:4] == b"Zbc\0"
+
+
+# ---------------------------------------------------------------- a nearly full disk
+
+
+def _used(fs: FaultyFileSystem) -> int:
+    return sum(len(data) for data in fs.durable_files().values())
+
+
+def _no_room_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "no room to preallocate" in r.getMessage()
+    ]
+
+
+def test_without_room_for_the_zeros_records_are_written_without_them_until_they_do_not_fit(
+    caplog: pytest.LogCaptureFixture, rng: Any
+) -> None:
+    # Less than PREALLOCATE_BYTES free, on every restart: the zeros never fit, but
+    # each record does, until the disk is really full.
+    fs = FaultyFileSystem()
+    options = inline_options(persist_mode="sync_data")
+    engine = open_engine(fs, options)
+    for n in range(5):
+        engine.execute(enqueue_one(n), T0 + n)
+        engine.flush()
+    engine.close()
+    fs.capacity_bytes = _used(fs) + 20_000
+    caplog.set_level(logging.WARNING, logger="sepp.storage")
+    engine = open_engine(fs, options)  # the restart on a nearly full disk
+    (path,) = segment_paths(fs)
+    flushed = 5
+    with pytest.raises(StorageFailed) as failed:
+        for n in range(5, 500):
+            engine.execute(enqueue_one(n), T0 + n)
+            engine.flush()
+            flushed = n + 1
+            # No zeros ahead of the records: the file ends at its last record.
+            assert len(fs.read(path)) == engine.segments[-1].size
+    # It failed only once a record itself did not fit, and for that reason.
+    assert flushed > 5 + 20_000 // 200
+    assert isinstance(engine.failure, OSError) and engine.failure.errno == errno.ENOSPC
+    assert "log write failed" in str(failed.value)
+    # Said once, not once per batch.
+    (warning,) = _no_room_warnings(caplog)
+    assert os.path.basename(path) in warning
+    engine.release_lock()
+    # Nothing flushed is lost, space back or not.
+    fs.crash(rng, tear=True)
+    fs.capacity_bytes = None
+    again = open_engine(fs, options)
+    assert again.appended_seq == flushed
+    assert len(again.state.jobs) == flushed
+    again.close()
+
+
+def test_zeros_written_in_part_are_cut_and_the_next_segment_preallocates_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fs = FaultyFileSystem()
+    options = inline_options(persist_mode="sync_data", segment_bytes_max=8192)
+    engine = open_engine(fs, options)
+    fs.capacity_bytes = _used(fs) + 300_000  # room for a part of the zeros only
+    caplog.set_level(logging.WARNING, logger="sepp.storage")
+    fs.record_ops = True
+    engine.execute(enqueue_one(0), T0)
+    engine.flush()
+    (path,) = segment_paths(fs)
+    # The short write of zeros was cut again, durably: the file ends at its record.
+    assert fs.durable_files()[path] == fs.read(path)
+    assert len(fs.read(path)) == engine.segments[-1].size
+    assert ("truncate", path) in fs.ops
+    assert len(_no_room_warnings(caplog)) == 1
+    fs.capacity_bytes = None  # space is back: the next segment preallocates
+    n = 1
+    while len(segment_paths(fs)) < 2:
+        engine.execute(enqueue_one(n, payload_bytes=1000), T0 + n)
+        engine.flush()
+        n += 1
+    newest = segment_paths(fs)[-1]
+    assert len(fs.read(newest)) == engine.segments[-1].size + PREALLOCATE_BYTES
+    engine.close()
+
+
+def test_a_real_small_tmpfs_takes_records_without_preallocation(tmp_path: Path) -> None:
+    """The issue's 300 KiB tmpfs, for real (root and mount permitted only)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount_point)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mount not permitted here: {mounted.stderr.decode().strip()}")
+    try:
+        data_dir = str(mount_point / "data")
+        options = StorageOptions(persist_mode="sync_data", snapshot_mode="inline")
+        for start in (0, 20):  # and again after a restart
+            engine = Engine.open(data_dir, CONFIG, options, fs=RealFileSystem())
+            for n in range(start, start + 20):
+                engine.execute(enqueue_one(n), T0 + n)
+                engine.flush()
+            path = engine.segments[-1].path
+            assert os.path.getsize(path) == engine.segments[-1].size  # no zeros fitted
+            engine.close()
+        again = Engine.open(data_dir, CONFIG, options, fs=RealFileSystem())
+        assert len(again.state.jobs) == 40
+        again.close()
+    finally:
+        if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -6,18 +6,27 @@ could not give such a directory is refused before anything changes.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from log_format import RECORD_HEADER_BYTES, snapshot_file_name
+from sepp.client import SeppClient
+from sepp.core import Ack, Enqueue, Reserve
+from sepp.server.config import load_config
+from sepp.server.server import SeppServer
 from sepp.storage import Engine, RealFileSystem, RecoveryError
 from sepp.storage.snapshots import write_snapshot_file
 from tests.tools.helpers import (
     CONFIG,
+    T0,
     LiveLog,
     flip_bit,
+    job,
     locate,
     options,
     replace_record,
@@ -26,8 +35,9 @@ from tests.tools.helpers import (
     tree,
 )
 from tools.datadir import ERROR, Problem, open_data_dir
-from tools.repair import apply_repair, plan_repair
+from tools.repair import apply_repair, apply_set_aside, plan_repair, plan_set_aside
 from tools.replay import replay_to
+from tools.verify import verify
 
 SEG1, SEG13, SEG25 = (f"wal/{n:020d}.log" for n in (1, 13, 25))
 
@@ -185,3 +195,140 @@ def test_removing_a_snapshot_newer_than_the_log(tmp_path: Path, scripted: LiveLo
     _repair(scripted.data_dir, 41, tmp_path / "backup")
     assert (tmp_path / "backup" / "snapshots" / name).exists()
     _starts_with_state_at(scripted, 40)
+
+
+# ---------------------------------------------------------------- damaged history
+
+
+def _issue_scenario(data_dir: Path) -> LiveLog:
+    """Issue 12's directory: 305 jobs enqueued, 100 of them acked, snapshots at
+    seqs 11 and 111, every segment kept (a long `log_retention_ms`)."""
+    live = LiveLog.open(data_dir, snapshot_at=(11, 111))
+    for n in range(305):
+        live.run(Enqueue(jobs=(job(n),)), T0 + n)
+    for _ in range(100):
+        reserved = live.run(Reserve(queues=("emails",), lease_ms=60_000, worker_id="w"), T0 + 1000)
+        job_id = reserved.events[0].job_id  # type: ignore[attr-defined]
+        live.run(Ack(job_id=job_id, attempt=1, worker_id="w"), T0 + 1000)
+    live.close()
+    return live
+
+
+async def _serve_and_ask_health(data_dir: Path) -> tuple[dict[str, Any], int]:
+    config = load_config(
+        None,
+        env={"SEPP_STORAGE__LOG_RETENTION_MS": str(10**13), "SEPP_STORAGE__SNAPSHOTS_KEPT": "10"},
+        overrides={("server", "data_dir"): str(data_dir), ("server", "listen_addr"): "127.0.0.1:0"},
+    )
+    server = SeppServer(config)
+    await server.start()
+    try:
+        assert server.address is not None and server.engine is not None
+        jobs = len(server.engine.state.jobs)
+        client = SeppClient(f"{server.address[0]}:{server.address[1]}")
+        try:
+            answer = await client._call("health", {}, retry_safe=True)
+        finally:
+            await client.close()
+    finally:
+        await server.shutdown()
+        await asyncio.wait_for(server.wait_stopped(), 30)
+    return answer, jobs
+
+
+def test_a_flipped_bit_in_history_starts_the_server_and_repair_sets_aside_history_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./sepp.toml
+    data_dir = tmp_path / "data"
+    live = _issue_scenario(data_dir)
+    last = live.last_seq
+    assert last == 505 and len(live.canonical[last]["jobs"]) == 205
+    path, record = locate(data_dir, 8)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 2)
+    damaged_rel = f"wal/{path.name}"
+    before = tree(data_dir)
+
+    # The server starts with every job, and says so loudly: log and health.
+    caplog.set_level(logging.ERROR, logger="sepp")
+    health, jobs = asyncio.run(_serve_and_ask_health(data_dir))
+    assert jobs == 205
+    assert health["status"] == "serving"
+    (damage,) = health["damaged_history"]
+    assert damage["file"] == str(path) and damage["snapshot_seq"] == 111
+    assert (damage["offset"], damage["seq"]) == (record.offset, 8)
+    assert damage["first_seq"] == 1 and damage["reason"] == "corrupt record (bad body checksum)"
+    assert any(
+        r.levelno == logging.ERROR
+        and "damaged history" in r.getMessage()
+        and path.name in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    for name in list(tree(data_dir)):
+        if name.startswith("snapshots/") and name not in before:
+            # The server's shutdown snapshot: the rest of the test wants issue 12's pair.
+            (data_dir / name).unlink()
+
+    # verify agrees: damaged history, and the replay goes on from the snapshot.
+    report = verify(open_data_dir(str(data_dir)))
+    assert [(p.kind, p.file, p.seq) for p in report.problems if p.severity == ERROR] == [
+        ("damaged-history", damaged_rel, 8)
+    ]
+    assert report.replay_from == 111 and report.replayed_to == last
+
+    # The cut the issue was offered is refused: it would delete both snapshots.
+    plan = plan_repair(open_data_dir(str(data_dir)), 8)
+    assert plan.refusal is not None and "--set-aside-history" in plan.refusal.reason
+    assert not plan.changes_anything
+
+    # Setting history aside moves the damaged segment (and none after it).
+    aside = plan_set_aside(open_data_dir(str(data_dir)))
+    assert [s.rel for s in aside.segments] == [damaged_rel]
+    assert aside.other == []
+    backup = tmp_path / "aside"
+    done = apply_set_aside(aside, str(backup))
+    assert done == [f"moved {damaged_rel} to {backup / damaged_rel}"]
+    assert (backup / damaged_rel).read_bytes() == before[damaged_rel][2]
+    after = tree(data_dir)
+    assert set(before) - set(after) == {damaged_rel}
+    assert all(after[name] == before[name] for name in after)  # nothing else touched
+
+    engine = Engine.open(str(data_dir), CONFIG, options())
+    try:
+        assert engine.recovery_report.damaged_history == []
+        assert engine.state.canonical() == live.canonical[last]
+    finally:
+        engine.close()
+    assert verify(open_data_dir(str(data_dir))).ok
+
+
+def test_set_aside_history_takes_the_segments_before_the_damage_along(tmp_path: Path) -> None:
+    # Damage in the second segment: moving only it would leave a gap after the
+    # first, reported on every start; both go, and nothing above the snapshot.
+    live = scripted_log(tmp_path / "data", snapshot_at=(30,))
+    live.close()
+    path, record = locate(live.data_dir, 17)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 2)
+    aside = plan_set_aside(open_data_dir(str(live.data_dir)))
+    assert [s.rel for s in aside.segments] == [SEG1, SEG13]
+    assert aside.history_end == 24
+    apply_set_aside(aside, str(tmp_path / "aside"))
+    assert [p.name for p in segment_paths(live.data_dir)] == [SEG25.removeprefix("wal/")]
+    engine = Engine.open(str(live.data_dir), CONFIG, options())
+    try:
+        assert engine.recovery_report.damaged_history == []
+        assert engine.state.canonical() == live.canonical[40]
+    finally:
+        engine.close()
+
+
+def test_set_aside_history_leaves_damage_above_the_snapshot_alone(tmp_path: Path) -> None:
+    live = scripted_log(tmp_path / "data", snapshot_at=(12,))
+    live.close()
+    path, record = locate(live.data_dir, 17)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 2)
+    aside = plan_set_aside(open_data_dir(str(live.data_dir)))
+    assert aside.segments == [] and not aside.changes_anything
+    assert [(p.kind, p.seq) for p in aside.other] == [("corruption", 17)]
+    # The cut stays the way out, as before.
+    assert plan_repair(open_data_dir(str(live.data_dir)), 17).refusal is None
