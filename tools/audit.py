@@ -33,8 +33,9 @@ from typing import Any
 from log_format import COMMAND_KIND_NAMES, FormatError, Record, decode_envelope
 from sepp.core.state import STATUS_NAMES, State
 from sepp.storage.replay import ReplayError, replay_record
-from tools.datadir import ERROR, DataDir, Problem
-from tools.events import (
+
+from .datadir import ERROR, DataDir, Problem
+from .events import (
     DEAD_LETTER_CAUSES,
     JobQueues,
     event_fields,
@@ -43,9 +44,9 @@ from tools.events import (
     job_id_of,
     json_fields,
 )
-from tools.output import Emitter, format_time_ms
-from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart
-from tools.states import as_fallback, choose_base, paused_gc
+from .output import Emitter, format_time_ms
+from .segments import CHUNK_BYTES, LogWalker, SegmentStart
+from .states import as_fallback, choose_base, paused_gc
 
 __all__ = [
     "AuditResult",

@@ -22,7 +22,8 @@ from typing import Any
 
 from log_format import parse_segment_file_name, parse_snapshot_file_name
 from sepp.storage.recovery import SNAPSHOT_DIR, SNAPSHOT_TMP_SUFFIX, WAL_DIR
-from tools.output import UsageError
+
+from .output import UsageError
 
 __all__ = [
     "ERROR",
@@ -49,9 +50,9 @@ class Problem:
     word for scripts (`corruption`, `torn-tail`, `sequence-gap`, `bad-header`,
     `decode`, `event`, `time`, `apply`, `invariant`, `snapshot-mismatch`,
     `snapshot-unusable`, `snapshot-ahead`, `snapshot-unchecked`, `log-start`,
-    `temp-file`, `ignored-file`, `io`, `damaged-history`). `file` is relative to
-    the data directory; `offset` is a byte offset in it; `seq` the sequence number
-    concerned (for a snapshot, its last_seq)."""
+    `temp-file`, `ignored-file`, `io`). `file` is relative to the data directory;
+    `offset` is a byte offset in it; `seq` the sequence number concerned (for a
+    snapshot, its last_seq)."""
 
     severity: str
     kind: str

@@ -46,10 +46,11 @@ from log_format import (
     segment_file_name,
 )
 from sepp.storage.recovery import WAL_DIR
-from tools.datadir import ERROR, WARNING, DataDir, Problem
-from tools.events import JobQueues, event_name, human_fields, job_id_of, json_fields
-from tools.output import format_time_ms
-from tools.segments import (
+
+from .datadir import ERROR, WARNING, DataDir, Problem
+from .events import JobQueues, event_name, human_fields, job_id_of, json_fields
+from .output import format_time_ms
+from .segments import (
     CHUNK_BYTES,
     LogWalker,
     SegmentStart,
@@ -57,7 +58,7 @@ from tools.segments import (
     record_end,
     scan_segment_file,
 )
-from tools.states import choose_base
+from .states import choose_base
 
 __all__ = ["DumpFilter", "DumpResult", "EventLine", "dump"]
 

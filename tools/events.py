@@ -24,7 +24,8 @@ from typing import Any
 from log_format import CATALOGUE, EVENT_SPECS_BY_TYPE
 from sepp.core.events import CAUSE_NAMES
 from sepp.core.state import State
-from tools.output import UsageError, format_time_ms
+
+from .output import UsageError, format_time_ms
 
 __all__ = [
     "DEAD_LETTER_CAUSES",

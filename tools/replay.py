@@ -41,9 +41,10 @@ from sepp.core.state import IN_FLIGHT, State
 from sepp.storage.fs import RealFileSystem
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
 from sepp.storage.replay import ReplayError, replay_record, replay_run
-from tools.datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile, open_data_dir
-from tools.output import Emitter, UsageError, format_duration_ms, format_time_ms
-from tools.segments import (
+
+from .datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile, open_data_dir
+from .output import Emitter, UsageError, format_duration_ms, format_time_ms
+from .segments import (
     CHUNK_BYTES,
     LogWalker,
     SegmentStart,
@@ -51,7 +52,7 @@ from tools.segments import (
     record_end,
     scan_segment_file,
 )
-from tools.states import as_fallback, choose_base, comparable, describe_difference, paused_gc
+from .states import as_fallback, choose_base, comparable, describe_difference, paused_gc
 
 __all__ = [
     "QueueSummary",

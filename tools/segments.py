@@ -65,7 +65,8 @@ from log_format import (
     read_segment,
     scan_records,
 )
-from tools.datadir import ERROR, INFO, WARNING, DataDir, Problem, SegmentFile
+
+from .datadir import ERROR, INFO, WARNING, DataDir, Problem, SegmentFile
 
 __all__ = [
     "CHUNK_BYTES",

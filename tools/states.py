@@ -29,7 +29,8 @@ from sepp.core.snapshot import JOB_ROW_FIELDS
 from sepp.core.state import State
 from sepp.storage.fs import RealFileSystem
 from sepp.storage.snapshots import SnapshotError, load_snapshot
-from tools.datadir import ERROR, WARNING, DataDir, Problem, SnapshotFile
+
+from .datadir import ERROR, WARNING, DataDir, Problem, SnapshotFile
 
 __all__ = [
     "Base",

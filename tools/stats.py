@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from log_format import COMMAND_KIND_NAMES, FormatError, Record, decode_envelope
-from tools.datadir import ERROR, DataDir, Problem
-from tools.events import event_name
-from tools.output import Emitter, format_bytes, format_duration_ms, format_time_ms
-from tools.segments import CHUNK_BYTES, LogWalker, SegmentStart
+
+from .datadir import ERROR, DataDir, Problem
+from .events import event_name
+from .output import Emitter, format_bytes, format_duration_ms, format_time_ms
+from .segments import CHUNK_BYTES, LogWalker, SegmentStart
 
 __all__ = [
     "MINUTE_MS",

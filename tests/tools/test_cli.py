@@ -47,7 +47,7 @@ def sepp_log(*args: str | Path, **kwargs: object) -> subprocess.CompletedProcess
 
 
 def test_the_console_script_is_installed_and_lists_every_command() -> None:
-    assert SEPP_LOG.exists(), "pip install -e . declares sepp-log = tools.sepp_log:main"
+    assert SEPP_LOG.exists(), "pip install -e . declares sepp-log = sepp_tools.sepp_log:main"
     result = sepp_log("--help")
     assert result.returncode == 0
     for command in ("verify", "dump", "replay", "audit", "stats", "repair"):
