@@ -232,6 +232,21 @@ CATALOGUE: tuple[EventSpec, ...] = (
         ),
         fields=(_JOB_ID, _f("enqueued_at", "int", "The new enqueue time (ms).")),
     ),
+    EventSpec(
+        type_id=13,
+        name="JobReleased",
+        version=1,
+        meaning=(
+            "The in-flight attempt was handed back unused (delivered to nobody): the "
+            "job is Ready at once under the same attempt number, which is not counted "
+            "against max_attempts."
+        ),
+        fields=(
+            _JOB_ID,
+            _f("attempt", "int", "The attempt handed back (the next delivery reuses it)."),
+            _WORKER_ID,
+        ),
+    ),
 )
 
 EVENT_SPECS_BY_TYPE: Mapping[int, EventSpec] = MappingProxyType(

@@ -39,6 +39,7 @@ __all__ = [
     "COMMAND_KINDS",
     "COMMAND_KIND_NAMES",
     "COMMAND_NACK",
+    "COMMAND_RELEASE",
     "COMMAND_REQUEUE_DEAD_LETTERS",
     "COMMAND_RESERVE",
     "COMMAND_SWEEP",
@@ -60,6 +61,7 @@ COMMAND_DRAIN_DEAD_LETTERS = 7
 COMMAND_SWEEP = 8  # the timer-driven tick: expiries and promotions
 COMMAND_DEAD_LETTER_JOBS = 9  # admin
 COMMAND_REQUEUE_DEAD_LETTERS = 10  # admin
+COMMAND_RELEASE = 11  # an attempt handed back unused (delivered to nobody)
 
 COMMAND_KIND_NAMES = {
     COMMAND_ENQUEUE: "enqueue",
@@ -72,6 +74,7 @@ COMMAND_KIND_NAMES = {
     COMMAND_SWEEP: "sweep",
     COMMAND_DEAD_LETTER_JOBS: "dead_letter_jobs",
     COMMAND_REQUEUE_DEAD_LETTERS: "requeue_dead_letters",
+    COMMAND_RELEASE: "release",
 }
 COMMAND_KINDS = frozenset(COMMAND_KIND_NAMES)
 

@@ -46,6 +46,7 @@ SAMPLES: list[Any] = [
     core.DeadLetterExpired(job_id=JOB),
     core.DedupExpired(queue="emails", idempotency_key="key-1", expires_at=T),
     core.DeadLetterRequeued(job_id=JOB, enqueued_at=T),
+    core.JobReleased(job_id=JOB, attempt=1, worker_id=None),
 ]  # fmt: skip
 
 

@@ -18,6 +18,7 @@ Replies are plain tuples:
     ("atomic_rejected", [(index, {(reason, fields), ...})])
     ("reserve", [delivered job tuple, in the field order of results.JobView])
     ("ack", job_id) / ("nack", job_id, dead_lettered) / ("extend", job_id, deadline)
+    ("release", job_id)
     ("drain", [(job_id, queue, cause, failed_at, final_attempt, reason, attempt)])
     ("sweep", (promoted, redelivered, dead_lettered, dedup_expired, dead_expired))
     ("admin", affected ids, refused ids)
@@ -52,6 +53,7 @@ from sepp.core.results import (
     ExtendResult,
     InvalidRequest,
     NackResult,
+    ReleaseResult,
     ReserveResult,
     SweepResult,
 )
@@ -461,6 +463,17 @@ class Model:
             job.due = t + delay
         return ("nack", job.job_id, False)
 
+    def release(self, job_id: str, attempt: int, now: int) -> tuple[Any, ...]:
+        """An attempt handed back unused: Ready again at once, same attempt number
+        (it does not count against max_attempts), fenced like an ack."""
+        self._start(now)
+        job = self._fence(job_id, attempt)
+        if not isinstance(job, MJob):
+            return job
+        self._commit_time()
+        self._make_ready(job)
+        return ("release", job.job_id)
+
     def extend(self, job_id: str, attempt: int, lease_ms: int, now: int) -> tuple[Any, ...]:
         t = self._start(now)
         if lease_ms <= 0:
@@ -675,6 +688,8 @@ def normalise(result: Decision | CommandError) -> tuple[Any, ...]:
         return ("ack", reply.job_id)
     if isinstance(reply, NackResult):
         return ("nack", reply.job_id, reply.dead_lettered)
+    if isinstance(reply, ReleaseResult):
+        return ("release", reply.job_id)
     if isinstance(reply, ExtendResult):
         return ("extend", reply.job_id, reply.lease_expires_at)
     if isinstance(reply, DrainResult):

@@ -24,7 +24,9 @@ Faults, one per cycle, chosen by the seed:
   fail for good (no later command accepted, no write or sync ever retried), then
   restart once the fault is gone;
 - **a flipped bit in a sealed segment** (recovery must refuse, naming the file,
-  the record's offset and sequence number; once repaired it must start) and **in
+  the record's offset and sequence number; once repaired it must start -- unless
+  the segment lies wholly below the newest snapshot: then it is damaged history,
+  and recovery must start with every job and report exactly that damage) and **in
   a snapshot** (recovery must fall back to an older snapshot or the log and
   rebuild the same state, or refuse when nothing else covers it).
 
@@ -93,6 +95,7 @@ from sepp.core import (
     Nack,
     NewJob,
     QueuePolicy,
+    Release,
     RequeueDeadLetters,
     Reserve,
     Sweep,
@@ -102,9 +105,8 @@ from sepp.core.invariants import InvariantViolation
 from sepp.core.results import CommandError
 from sepp.storage import HOOK_POINTS, Engine, RecoveryError, StorageFailed, StorageOptions
 from sepp.storage.faultfs import MUTATING_OPS, Crasher, FaultyFileSystem, SimulatedCrash
-
-from .refmodel import IN_FLIGHT, READY, SCHEDULED, Model, answer_difference, observe_core
-from .refmodel import normalise as normalise_answer
+from tools.refmodel import IN_FLIGHT, READY, SCHEDULED, Model, answer_difference, observe_core
+from tools.refmodel import normalise as normalise_answer
 
 __all__ = ["SeedResult", "Violation", "main", "run_seed", "run_seeds"]
 
@@ -290,6 +292,12 @@ class Workload:
                         job_id=job_id, attempt=attempt, retry=retry, delay_ms=delay, reason=reason
                     ),
                     lambda m: m.nack(job_id, attempt, retry, delay, reason, now),
+                )
+            if kind < 0.93:
+                # An attempt handed back unused (an abandoned reserve's job).
+                return (
+                    Release(job_id=job_id, attempt=attempt),
+                    lambda m: m.release(job_id, attempt, now),
                 )
             lease_ms = rng.choice((200, 1_500))
             return (
@@ -559,7 +567,11 @@ class Sim:
         for _ in range(rng.randrange(0, 4)):
             self.step()
         if full:
-            used = sum(len(d) for d in self.fs.durable_files().values())
+            # Not counting the active segment's preallocated zeros (freed at
+            # rotation; when they do not fit the log goes on without them).
+            active = self.engine.segments[-1]
+            zeros = self.fs.size(active.path) - active.size
+            used = sum(len(d) for d in self.fs.durable_files().values()) - zeros
             self.fs.capacity_bytes = used + rng.randrange(500, 20_000)
             expected_errno = errno.ENOSPC
         else:
@@ -635,10 +647,23 @@ class Sim:
         data = self.fs.read(path)
         offset = rng.randrange(len(data))
         expected = _expected_refusal(data, offset)
+        # Recovery rows 15, 17: damage wholly below the newest snapshot (by the
+        # next segment's name) is history -- started past and reported.
+        names = [parse_segment_file_name(p.rsplit("/", 1)[1]) or 0 for p in _segment_paths(self.fs)]
+        snaps = [
+            parse_snapshot_file_name(p.rsplit("/", 1)[1]) or 0 for p in _snapshot_paths(self.fs)
+        ]
+        following = names[_segment_paths(self.fs).index(path) + 1]
+        history = bool(snaps) and following - 1 <= max(snaps)
         self.fs.flip_bit(path, offset, 0)
         try:
-            Engine.open(DATA_DIR, self.config, self.options, fs=self.fs)
+            started = Engine.open(DATA_DIR, self.config, self.options, fs=self.fs)
         except RecoveryError as exc:
+            if history:
+                raise Violation(
+                    f"a flipped bit in history {path} at {offset} (below the snapshot at "
+                    f"{max(snaps)}) refused to start: {exc}"
+                ) from exc
             where = (exc.path, exc.offset, exc.seq)
             if where != (path, *expected) or "sepp-log verify" not in str(exc):
                 raise Violation(
@@ -646,7 +671,22 @@ class Sim:
                     f"{(path, *expected)}: {exc}"
                 ) from exc
         else:
-            raise Violation(f"a flipped bit in sealed segment {path} at {offset} was not noticed")
+            damaged = [(h.path, h.offset, h.seq) for h in started.recovery_report.damaged_history]
+            if not history or damaged != [(path, *expected)]:
+                started.close()
+                raise Violation(
+                    f"a flipped bit in sealed segment {path} at {offset} was not noticed "
+                    f"as expected (history: {history}, reported: {damaged})"
+                )
+            # Every job is there: the snapshot holds the state.
+            self.engine = started
+            self.check_recovered(self.synced_seq)
+            started.close()
+            self.stats["started_past_damaged_history"] += 1
+            self.fs.flip_bit(path, offset, 0)  # the operator restores the file
+            self.engine = self._open()
+            self.check_recovered(self.synced_seq)
+            return
         self.stats["refused_flipped_bit"] += 1
         self.fs.flip_bit(path, offset, 0)  # the operator restores the file
         self.engine = self._open()

@@ -16,7 +16,11 @@ Promises:
   is sent (`MessageTooLargeError`): sending it would cost the connection;
 * a request abandoned by its caller (cancelled or timed out) may register an
   *orphan handler*, which receives the late response if one comes — the client
-  uses it to release jobs leased by a reserve nobody waits for any more.
+  uses it to release jobs leased by a reserve nobody waits for any more;
+* a *withdrawable* request (a long-polling reserve) that its caller abandons is
+  withdrawn on the server at once (``withdraw``, PROTOCOL.md §5.12), so a
+  parked reserve nobody waits for is never handed a job; `withdraw_pending`
+  does the same for every such request before a close.
 
 Framing and encoding are `sepp.protocol`'s; this module only moves bytes.
 Reconnecting is the client's job: a closed `Connection` stays closed.
@@ -55,7 +59,7 @@ from sepp.protocol import (
     encode_request,
 )
 from sepp.protocol.errors import INVALID_ARGUMENT, UNAUTHENTICATED
-from sepp.protocol.messages import OP_HELLO, REQUEST_ID_MAX
+from sepp.protocol.messages import OP_HELLO, OP_WITHDRAW, REQUEST_ID_MAX
 
 logger = logging.getLogger("sepp.client")
 
@@ -154,6 +158,12 @@ class Connection:
         self._frames = FrameReader(receive_bytes_max)
         self._pending: dict[int, tuple[str, asyncio.Future[Response]]] = {}
         self._orphans: dict[int, OrphanHandler] = {}
+        # Pending withdrawable requests (long-polling reserves) and their orphan
+        # handlers, for `withdraw_pending`.
+        self._withdrawable: dict[int, OrphanHandler | None] = {}
+        # While `withdraw_pending` waits: the orphaned ids still unanswered, and
+        # the future it waits on.
+        self._settling: tuple[set[int], asyncio.Future[None]] | None = None
         self._next_id = 1
         self._closed = False
         # Builds the error for requests still pending when the connection ends.
@@ -239,17 +249,19 @@ class Connection:
         *,
         timeout: float | None,
         on_orphan: OrphanHandler | None = None,
+        withdrawable: bool = False,
     ) -> Response:
         """Send one request and wait for its response (any status).
 
         `timeout` (seconds, None for none) bounds the whole exchange. If the
         caller gives up — cancellation or the deadline — and `on_orphan` is set,
-        a response that arrives later is passed to it.
+        a response that arrives later is passed to it. A `withdrawable` request
+        (a long poll) that the caller gives up on is also withdrawn on the
+        server, which then answers it empty unless its answer had already left.
         """
         if self._closed:
             raise TransportError(f"{op}: the connection is closed")
-        request_id = self._next_id
-        self._next_id = 1 if request_id >= REQUEST_ID_MAX else request_id + 1
+        request_id = self._take_id()
         data = encode_request(request_id, op, body)
         if len(data) > self.max_message_bytes:
             raise MessageTooLargeError(
@@ -260,32 +272,42 @@ class Connection:
             )
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (op, future)
+        if withdrawable:
+            self._withdrawable[request_id] = on_orphan
         try:
             async with asyncio.timeout(timeout):
                 self._writer.write(encode_frame(data))
                 await self._writer.drain()
                 return await future
         except TimeoutError:
-            self._abandon(request_id, future, on_orphan)
+            self._abandon(request_id, future, on_orphan, withdrawable)
             raise TransportError(
                 f"{op}: no answer within {timeout} s", code=DEADLINE_EXCEEDED
             ) from None
         except asyncio.CancelledError:
-            self._abandon(request_id, future, on_orphan)
+            self._abandon(request_id, future, on_orphan, withdrawable)
             raise
         except OSError as exc:
             # Writing failed: the reader will see the end of the stream too.
             raise TransportError(f"{op}: sending failed: {exc}") from exc
         finally:
             self._pending.pop(request_id, None)
+            self._withdrawable.pop(request_id, None)
+
+    def _take_id(self) -> int:
+        request_id = self._next_id
+        self._next_id = 1 if request_id >= REQUEST_ID_MAX else request_id + 1
+        return request_id
 
     def _abandon(
         self,
         request_id: int,
         future: asyncio.Future[Response],
         on_orphan: OrphanHandler | None,
+        withdrawable: bool = False,
     ) -> None:
         self._pending.pop(request_id, None)
+        self._withdrawable.pop(request_id, None)
         if future.done() and not future.cancelled():
             # Answered (or failed) in the same step as the caller gave up.
             if future.exception() is None and on_orphan is not None:
@@ -293,8 +315,63 @@ class Connection:
             return
         # Not answered yet (cancelling the caller cancels the future it awaits).
         future.cancel()
-        if on_orphan is not None and not self._closed:
+        if self._closed:
+            return
+        if on_orphan is not None:
             self._orphans[request_id] = on_orphan
+        if withdrawable:
+            # Tell the server at once, so that it never hands this long poll a
+            # job (an abandoned reserve's job would burn an attempt otherwise).
+            self._send_withdraw(request_id)
+
+    def _send_withdraw(self, request_id: int) -> None:
+        """Withdraw the parked request `request_id` (PROTOCOL.md §5.12), without
+        waiting: the server answers that request empty (unless its answer has
+        already left, which its orphan handler then receives) and then this one,
+        whose answer is not needed."""
+        if self._closed or self._writer.is_closing():
+            return
+        withdraw_id = self._take_id()
+        self._orphans[withdraw_id] = _withdraw_answered
+        try:
+            data = encode_request(withdraw_id, OP_WITHDRAW, {"request_id": request_id})
+            self._writer.write(encode_frame(data))
+        except (OSError, RuntimeError) as exc:
+            # The connection is going down; the server ends the parked reserves
+            # of a connection that closed.
+            self._orphans.pop(withdraw_id, None)
+            logger.debug("could not withdraw request %d: %s", request_id, exc)
+
+    async def withdraw_pending(self, timeout: float) -> None:
+        """Withdraw every pending withdrawable request (long-polling reserves)
+        before a close: their callers fail with `ClientClosedError`, the server
+        answers them empty, and an answer that had already left with jobs goes to
+        the request's orphan handler (which releases them). Waits up to `timeout`
+        seconds for those answers."""
+        if self._closed:
+            return
+        waiting: set[int] = set()
+        for request_id, on_orphan in list(self._withdrawable.items()):
+            entry = self._pending.pop(request_id, None)
+            self._withdrawable.pop(request_id, None)
+            if entry is None or entry[1].done():
+                continue
+            self._orphans[request_id] = on_orphan or _ignore_answer
+            waiting.add(request_id)
+            entry[1].set_exception(ClientClosedError())
+            self._send_withdraw(request_id)
+        if not waiting:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._settling = (waiting, done)
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            logger.info(
+                "closing with %d withdrawn reserve(s) unanswered after %g s", len(waiting), timeout
+            )
+        finally:
+            self._settling = None
 
     # -- the reader ------------------------------------------------------------------------
 
@@ -354,8 +431,17 @@ class Connection:
         orphan = self._orphans.pop(request_id, None)
         if orphan is not None:
             _run_orphan_handler(orphan, response)
+            self._settled(request_id)
             return
         logger.debug("ignoring a response to unknown request %d", request_id)
+
+    def _settled(self, request_id: int) -> None:
+        settling = self._settling
+        if settling is not None:
+            waiting, done = settling
+            waiting.discard(request_id)
+            if not waiting and not done.done():
+                done.set_result(None)
 
     def _finish(self, failure: Callable[[], SeppError]) -> None:
         if self._failure is None:
@@ -364,6 +450,10 @@ class Connection:
         pending = list(self._pending.values())
         self._pending.clear()
         self._orphans.clear()
+        self._withdrawable.clear()
+        settling = self._settling
+        if settling is not None and not settling[1].done():
+            settling[1].set_result(None)
         for _, future in pending:
             if not future.done():
                 future.set_exception(self._failure())
@@ -382,6 +472,15 @@ class Connection:
             await self._writer.wait_closed()
         except (OSError, ssl.SSLError) as exc:
             logger.debug("error while closing the connection: %s", exc)
+
+
+def _withdraw_answered(response: Response) -> None:
+    if response.status != OK:
+        logger.debug("withdraw answered %s: %s", response.status, response.body.get("message"))
+
+
+def _ignore_answer(response: Response) -> None:
+    logger.debug("ignoring the late answer of a withdrawn request: %s", response.status)
 
 
 def _run_orphan_handler(handler: OrphanHandler, response: Response) -> None:

@@ -15,8 +15,10 @@ Promises:
   calls that are safe to repeat: never a reserve or a drain, never an enqueue
   unless every job has an idempotency key;
 * a reserve whose caller stopped waiting (cancelled, or its deadline passed)
-  does not strand the jobs it leased: when its answer comes late they are
-  nacked back to ready at once, instead of waiting out their leases.
+  never consumes an attempt: it is withdrawn on the server at once (PROTOCOL.md
+  §5.12), and if its answer had already left with jobs they are *released*
+  (§5.11: ready again at once, the attempt not counted), never nacked;
+  `close` does the same for reserves still waiting.
 
 Must not import: sepp.core, sepp.storage, sepp.server.
 """
@@ -78,6 +80,7 @@ from sepp.protocol.messages import (
     OP_HEALTH,
     OP_NACK,
     OP_QUEUE_STATS,
+    OP_RELEASE,
     OP_RESERVE,
     OP_SERVER_INFO,
     RETRY_DEAD_LETTER,
@@ -103,7 +106,9 @@ RESERVE_DEADLINE_SLACK = timedelta(seconds=10)
 # allocated up front: the limit only stops a corrupt length prefix.
 DEFAULT_RECEIVE_BYTES_MAX = 512 * 1024 * 1024
 
-RELEASE_REASON = "released: the client abandoned the reserve that leased this job"
+# How long `close` waits for the server to answer the reserves it withdraws, and
+# then for the releases of any jobs those answers still carried.
+CLOSE_WITHDRAW_TIMEOUT = timedelta(seconds=2)
 
 
 @dataclass(frozen=True)
@@ -312,8 +317,19 @@ class SeppClient:
 
     async def close(self) -> None:
         """Close the connection. Calls still waiting fail with
-        `ClientClosedError`; later calls raise it. Closing twice is harmless."""
+        `ClientClosedError`; later calls raise it. Closing twice is harmless.
+
+        Long-polling reserves still waiting are withdrawn first (the server
+        answers them empty), and jobs an answer was already carrying are
+        released (no attempt counted), so nothing is left parked or leased to
+        this client; this waits at most `CLOSE_WITHDRAW_TIMEOUT` (2 s) each."""
         self._closed = True
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            limit = CLOSE_WITHDRAW_TIMEOUT.total_seconds()
+            await connection.withdraw_pending(limit)
+            if self._background:
+                await asyncio.wait(list(self._background), timeout=limit)
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -362,6 +378,7 @@ class SeppClient:
         retry_safe: bool,
         timeout: float | None = None,
         on_orphan: OrphanHandler | None = None,
+        withdrawable: bool = False,
     ) -> dict[str, Any]:
         """Send `op` and return the body of its ``ok`` answer, raising the
         mapped error otherwise; retry transient failures if `retry_safe` and
@@ -377,6 +394,7 @@ class SeppClient:
                     body,
                     timeout=self._rpc_timeout if timeout is None else timeout,
                     on_orphan=on_orphan,
+                    withdrawable=withdrawable,
                 )
                 if response.status == OK:
                     return response.body
@@ -536,7 +554,12 @@ class SeppClient:
         release = functools.partial(self._release_orphaned, opts.worker_id)
         with _otel.client_span("sepp.reserve"):
             answer = await self._call(
-                OP_RESERVE, body, retry_safe=False, timeout=deadline, on_orphan=release
+                OP_RESERVE,
+                body,
+                retry_safe=False,
+                timeout=deadline,
+                on_orphan=release,
+                withdrawable=True,
             )
         raw_jobs = answer.get("jobs")
         if not isinstance(raw_jobs, list):
@@ -560,7 +583,10 @@ class SeppClient:
         return jobs or None
 
     def _release_orphaned(self, worker_id: str | None, response: Response) -> None:
-        if response.status != OK or self._closed:
+        """The late answer of a reserve its caller abandoned: its jobs reached
+        no handler, so they are released (ready again, no attempt counted) --
+        never nacked, which would count a failure (issue 12)."""
+        if response.status != OK:
             return
         raw_jobs = response.body.get("jobs")
         if not isinstance(raw_jobs, list):
@@ -570,25 +596,45 @@ class SeppClient:
             attempt = raw.get("attempt") if isinstance(raw, dict) else None
             if not isinstance(job_id, str) or type(attempt) is not int:
                 continue
-            body: dict[str, Any] = {
-                "job_id": job_id,
-                "attempt": attempt,
-                "retry": RETRY_DELAY,
-                "delay_ms": 0,
-                "reason": RELEASE_REASON,
-            }
+            body: dict[str, Any] = {"job_id": job_id, "attempt": attempt}
             if worker_id is not None:
                 body["worker_id"] = worker_id
-            task = asyncio.get_running_loop().create_task(self._release(job_id, body))
+            task = asyncio.get_running_loop().create_task(self._release_late(job_id, body))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _release(self, job_id: str, body: dict[str, Any]) -> None:
+    async def _release_late(self, job_id: str, body: dict[str, Any]) -> None:
+        # On the connection the answer came on, even while `close` is running
+        # (it waits for these): a new connection would not help a job whose
+        # lease belongs to this one's reserve anyway.
+        connection = self._connection
+        if connection is None or connection.closed:
+            logger.info("could not release job %s (its lease will expire): no connection", job_id)
+            return
         try:
-            await self._call(OP_NACK, body, retry_safe=True)
-            logger.info("released job %s leased by an abandoned reserve", job_id)
+            response = await connection.request(OP_RELEASE, body, timeout=self._rpc_timeout)
         except SeppError as exc:
             logger.info("could not release job %s (its lease will expire): %s", job_id, exc)
+            return
+        if response.status == OK:
+            logger.info("released job %s leased by an abandoned reserve", job_id)
+        else:
+            error = error_from_response(OP_RELEASE, response.status, response.body)
+            logger.info("could not release job %s: %s", job_id, error)
+
+    async def release(self, ctx: JobCtx) -> None:
+        """Hand a reserved job back unused: it is ready again at once and this
+        attempt does not count against its max attempts (the next delivery
+        carries the same attempt number). For a job that reached no handler --
+        a worker that reserved more than it can start, or is shutting down.
+        After a release this lease is gone: do not ack, nack or extend it. A
+        handler that ran and failed must `nack` instead, so failures are
+        counted. Fencing errors as for `ack`.
+        """
+        if not isinstance(ctx, JobCtx):
+            raise TypeError(f"release takes a JobCtx (job.ctx); got {type(ctx).__name__}")
+        with _otel.client_span("sepp.release"):
+            await self._call(OP_RELEASE, self._lease_body(ctx), retry_safe=True)
 
     @staticmethod
     def _lease_body(ctx: JobCtx | UndecodableJob) -> dict[str, Any]:

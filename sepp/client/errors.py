@@ -43,7 +43,7 @@ from sepp.protocol.errors import (
     UNAUTHENTICATED,
     UNAVAILABLE,
 )
-from sepp.protocol.messages import OP_ACK, OP_EXTEND, OP_NACK, OP_RESERVE
+from sepp.protocol.messages import OP_ACK, OP_EXTEND, OP_NACK, OP_RELEASE, OP_RESERVE
 
 if TYPE_CHECKING:
     from sepp.client.types import DeadLetterRecord, Job, UndecodableDeadLetter, UndecodableJob
@@ -613,7 +613,7 @@ class UnknownQueuesError(ReserveError):
 
 # -- translation from the wire ------------------------------------------------------------
 
-_LEASE_OPS = frozenset({OP_ACK, OP_NACK, OP_EXTEND})
+_LEASE_OPS = frozenset({OP_ACK, OP_NACK, OP_EXTEND, OP_RELEASE})
 
 
 def error_from_response(op: str, code: str, body: Mapping[str, Any]) -> SeppError:

@@ -7,8 +7,8 @@ loop thread, where the calls share the one pipelined connection.
 
 sepp-py has no blocking client; this one mirrors the async API method for method
 (`connect`, `enqueue`, `enqueue_batch`, `enqueue_atomic`, `reserve`, `ack`,
-`nack`, `extend`, `get_server_info`, `drain_dead_letters`, plus `queue_stats`
-and `health`). Jobs it returns are ordinary `Job`s; renew a lease with
+`nack`, `extend`, `get_server_info`, `drain_dead_letters`, plus `release`,
+`queue_stats` and `health`). Jobs it returns are ordinary `Job`s; renew a lease with
 ``client.extend(ctx, by)`` (``ctx.extend`` is a coroutine of the private loop).
 
 Must not import: sepp.core, sepp.storage, sepp.server.
@@ -231,6 +231,10 @@ class SyncSeppClient:
     ) -> bool:
         """See `SeppClient.nack`."""
         return self._run(self._client.nack(ctx, retry, reason))
+
+    def release(self, ctx: JobCtx) -> None:
+        """See `SeppClient.release`."""
+        self._run(self._client.release(ctx))
 
     def extend(self, ctx: JobCtx, extension: timedelta) -> datetime:
         """See `SeppClient.extend`."""

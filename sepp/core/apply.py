@@ -32,6 +32,7 @@ from sepp.core.events import (
     JobLeaseExtended,
     JobNacked,
     JobPromoted,
+    JobReleased,
     JobReserved,
 )
 from sepp.core.state import (
@@ -181,6 +182,15 @@ def _apply_nacked(state: State, ev: JobNacked) -> None:
     _requeue(state, job, ev.run_at)
 
 
+def _apply_released(state: State, ev: JobReleased) -> None:
+    # The attempt was never handed to a handler: the job goes back under the
+    # same attempt number (not counted against max_attempts) and keeps its
+    # place in the ready order (its enqueued_at and arrival number).
+    job = _in_flight(state, ev)
+    _leave_flight(state, job)
+    _requeue(state, job, None)
+
+
 def _requeue(state: State, job: Job, run_at: int | None) -> None:
     q = state.queues[job.queue]
     if run_at is None:
@@ -293,7 +303,7 @@ def _apply_dead_letter_requeued(state: State, ev: DeadLetterRequeued) -> None:
     _requeue(state, job, None)
 
 
-_APPLY: list[Callable[[State, Any], None] | None] = [None] * 13
+_APPLY: list[Callable[[State, Any], None] | None] = [None] * 14
 _APPLY[JobEnqueued.TYPE] = _apply_enqueued
 _APPLY[JobReserved.TYPE] = _apply_reserved
 _APPLY[JobAcked.TYPE] = _apply_acked
@@ -306,6 +316,7 @@ _APPLY[DeadLetterDrained.TYPE] = _apply_dead_letter_drained
 _APPLY[DeadLetterExpired.TYPE] = _apply_dead_letter_expired
 _APPLY[DedupExpired.TYPE] = _apply_dedup_expired
 _APPLY[DeadLetterRequeued.TYPE] = _apply_dead_letter_requeued
+_APPLY[JobReleased.TYPE] = _apply_released
 APPLY_TABLE: tuple[Callable[[State, Any], None] | None, ...] = tuple(_APPLY)
 
 

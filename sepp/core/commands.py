@@ -147,6 +147,26 @@ class Extend(_ExtendFields):
         return self.KIND
 
 
+class _ReleaseFields(NamedTuple):
+    job_id: str
+    attempt: int
+    worker_id: str | None = None
+
+
+class Release(_ReleaseFields):
+    """Hand an in-flight attempt back unused: the job was delivered to nobody (the
+    reserve that leased it was abandoned, or its answer could not be written).
+    The job is Ready again at once and the attempt does not count against
+    max_attempts (the next delivery carries the same attempt number)."""
+
+    __slots__ = ()
+    KIND: ClassVar[int] = 11
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DrainDeadLetters:
     """Return and delete up to `max_records` dead letters, oldest first."""
@@ -208,6 +228,7 @@ Command = (
     | Sweep
     | DeadLetterJobs
     | RequeueDeadLetters
+    | Release
 )
 
 COMMAND_KIND_NAMES = {
@@ -221,4 +242,5 @@ COMMAND_KIND_NAMES = {
     8: "sweep",
     9: "dead_letter_jobs",
     10: "requeue_dead_letters",
+    11: "release",
 }

@@ -33,6 +33,7 @@ from sepp.core.commands import (
     Extend,
     Nack,
     NewJob,
+    Release,
     RequeueDeadLetters,
     Reserve,
     Sweep,
@@ -55,6 +56,7 @@ from sepp.core.events import (
     JobLeaseExtended,
     JobNacked,
     JobPromoted,
+    JobReleased,
     JobReserved,
 )
 from sepp.core.results import (
@@ -84,6 +86,7 @@ from sepp.core.results import (
     QueueFull,
     QueueNameTooLong,
     Rejection,
+    ReleaseResult,
     Reply,
     ReserveResult,
     ScheduledTooFar,
@@ -649,6 +652,26 @@ def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
     return _new_tuple(Decision, ((event,), now, AckResult(job.job_id), NOTHING_WOKEN))
 
 
+def _decide_release(state: State, cmd: Release, now: int) -> Decision | CommandError:
+    """Hand back an attempt that reached nobody. Fenced like an ack (a stale
+    attempt is refused), so only the holder of the current lease can release it.
+    The job keeps its attempt number and its place in the ready order: the
+    attempt is not counted against max_attempts, and the next delivery carries
+    the same number."""
+    fields: tuple[object, ...] = cmd
+    job_id, attempt, worker_id = fields
+    problem = _optional_worker_id(worker_id)
+    if problem is not None:
+        return InvalidArgument(problem)
+    job = _fence(state, job_id, attempt)
+    if isinstance(job, CommandError):
+        return job
+    event = _new_tuple(JobReleased, (job.job_id, job.attempt, cmd.worker_id))
+    return _new_tuple(
+        Decision, ((event,), now, ReleaseResult(job.job_id), frozenset((job.queue,)))
+    )
+
+
 def retry_delay_ms(policy: QueuePolicy, job_id: str, attempt: int) -> int:
     """The queue's retry policy for a nack of `attempt` without an explicit delay:
     base delay, doubled per attempt when exponential (saturating), capped by
@@ -906,4 +929,5 @@ _HANDLERS: dict[type[Any], Any] = {
     Sweep: _decide_sweep,
     DeadLetterJobs: _decide_dead_letter_jobs,
     RequeueDeadLetters: _decide_requeue,
+    Release: _decide_release,
 }

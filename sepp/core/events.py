@@ -224,6 +224,22 @@ class DeadLetterRequeued(_DeadLetterRequeued):
     VERSION: ClassVar[int] = 1
 
 
+class _JobReleased(NamedTuple):
+    job_id: str
+    attempt: int
+    worker_id: str | None
+
+
+class JobReleased(_JobReleased):
+    """The in-flight attempt was handed back unused (delivered to nobody): the
+    job is Ready at once under the same attempt number, which is not counted
+    against max_attempts."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 13
+    VERSION: ClassVar[int] = 1
+
+
 Event = (
     JobEnqueued
     | JobReserved
@@ -237,6 +253,7 @@ Event = (
     | DeadLetterExpired
     | DedupExpired
     | DeadLetterRequeued
+    | JobReleased
 )
 
 EVENT_CLASSES: tuple[type[Any], ...] = (
@@ -252,6 +269,7 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
     DeadLetterExpired,
     DedupExpired,
     DeadLetterRequeued,
+    JobReleased,
 )
 
 # type id -> class; a list indexed by type id is the fastest dispatch in CPython.

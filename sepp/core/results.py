@@ -303,6 +303,10 @@ class AckResult(NamedTuple):
     job_id: str
 
 
+class ReleaseResult(NamedTuple):
+    job_id: str
+
+
 class NackResult(NamedTuple):
     job_id: str
     dead_lettered: bool
@@ -346,6 +350,7 @@ Reply = (
     | ReserveResult
     | AckResult
     | NackResult
+    | ReleaseResult
     | ExtendResult
     | DrainResult
     | SweepResult

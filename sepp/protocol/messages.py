@@ -41,6 +41,8 @@ OP_EXTEND = "extend"
 OP_DRAIN_DEAD_LETTERS = "drain_dead_letters"
 OP_SERVER_INFO = "server_info"
 OP_QUEUE_STATS = "queue_stats"
+OP_RELEASE = "release"
+OP_WITHDRAW = "withdraw"
 OPS = (
     OP_HELLO,
     OP_HEALTH,
@@ -52,6 +54,8 @@ OPS = (
     OP_DRAIN_DEAD_LETTERS,
     OP_SERVER_INFO,
     OP_QUEUE_STATS,
+    OP_RELEASE,
+    OP_WITHDRAW,
 )
 
 RETRY_DEFAULT = "default"
@@ -408,6 +412,28 @@ def parse_ack(body: dict[str, Any]) -> AckBody:
     return AckBody(f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"))
 
 
+class ReleaseBody(NamedTuple):
+    job_id: str
+    attempt: int
+    worker_id: str | None
+
+
+def parse_release(body: dict[str, Any]) -> ReleaseBody:
+    f = Fields(body)
+    return ReleaseBody(f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"))
+
+
+class WithdrawBody(NamedTuple):
+    request_id: int
+
+
+def parse_withdraw(body: dict[str, Any]) -> WithdrawBody:
+    value = body.get("request_id")
+    if type(value) is not int or not 0 <= value <= REQUEST_ID_MAX:
+        raise ProtocolError("request_id must be an unsigned 64-bit integer")
+    return WithdrawBody(value)
+
+
 class NackBody(NamedTuple):
     job_id: str
     attempt: int
@@ -490,6 +516,8 @@ PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     OP_EXTEND: parse_extend,
     OP_DRAIN_DEAD_LETTERS: parse_drain,
     OP_QUEUE_STATS: parse_queue_stats,
+    OP_RELEASE: parse_release,
+    OP_WITHDRAW: parse_withdraw,
     OP_SERVER_INFO: lambda body: None,
     OP_HEALTH: lambda body: None,
 }

@@ -14,7 +14,10 @@ Promises:
   is answered with an error or disconnected; no other connection notices.
 - Parked reserves are woken by the command that made jobs ready, one waiter at a
   time per queue while jobs remain (no thundering herd); they answer empty on
-  their deadline and at shutdown.
+  their deadline, at shutdown, when withdrawn, and when their client half-closes
+  (a peer that stopped sending gains nothing from a long poll). A reserve whose
+  client has gone is never given jobs; jobs whose reserve answer could not be
+  written at all are released (Ready again at once, no attempt counted).
 - Lease expiries and scheduled jobs are handled by a logged Sweep command on a
   timer set for the next deadline (never later than sweep_interval_ms).
 """
@@ -42,6 +45,7 @@ from sepp.core.commands import (
     Extend,
     Nack,
     NewJob,
+    Release,
     Reserve,
     Sweep,
 )
@@ -51,7 +55,9 @@ from sepp.core.results import (
     CommandError,
     DrainResult,
     ExtendResult,
+    JobView,
     NackResult,
+    ReleaseResult,
     ReserveResult,
 )
 from sepp.protocol import errors as perr
@@ -85,6 +91,12 @@ WRITE_BUFFER_LOW = 256 * 1024
 # Room kept in a reserve answer for everything but the payloads: the envelope and
 # up to 256 jobs' metadata (ids, names, custom maps within their own limits).
 RESERVE_FRAME_OVERHEAD_BYTES_MAX = 4 * 1024 * 1024
+
+# Releasing the jobs of an unwritable reserve answer while the commit backlog is
+# full: try again every RELEASE_RETRY_S, at most RELEASE_TRIES_MAX times (~1 s),
+# then leave them to their leases.
+RELEASE_RETRY_S = 0.01
+RELEASE_TRIES_MAX = 100
 
 EXIT_OK = 0
 EXIT_STORAGE_FAILED = 3
@@ -414,10 +426,72 @@ class SeppServer:
                 parked.request_id, perr.OK, {"jobs": [job_view_body(j) for j in jobs]}
             )
         )
-        if barrier:
+        if jobs:
+            self.respond_reserve_when_durable(
+                parked.conn, barrier, frame, parked.request_id, jobs
+            )
+        elif barrier:
             self.respond_when_durable(parked.conn, barrier, frame, parked.request_id)
         else:
             parked.conn.send_frame(frame)
+
+    def respond_reserve_when_durable(
+        self,
+        conn: ClientConnection,
+        barrier: int,
+        frame: bytes,
+        request_id: int,
+        jobs: tuple[JobView, ...],
+    ) -> None:
+        """Like `respond_when_durable`, for a reserve answer that leased `jobs`: if
+        the answer cannot be written when it is due, the jobs are released."""
+        pipeline = self.pipeline
+        assert pipeline is not None
+        pipeline.after_durable(barrier, conn.send_reserve_after, frame, request_id, jobs)
+
+    def release_undelivered(
+        self, jobs: tuple[JobView, ...], peer: str, tries_left: int = RELEASE_TRIES_MAX
+    ) -> None:
+        """Hand back jobs leased by a reserve answer that could not be written (the
+        connection was already closed): Ready again at once, the attempt not
+        counted. Fenced like any release: a job whose lease has moved on since is
+        left alone."""
+        left: list[JobView] = []
+        for job in jobs:
+            if self.stopping or self.storage_failure is not None:
+                left.append(job)
+                continue
+            try:
+                decision, _barrier = self.run(_new_tuple(Release, (job.job_id, job.attempt, None)))
+            except Overloaded:
+                left.append(job)
+                continue
+            except StorageFailed:
+                return
+            if type(decision) is Decision:
+                log.info(
+                    "released job %s attempt %d: its reserve answer to %s could not be written",
+                    job.job_id,
+                    job.attempt,
+                    peer,
+                )
+            else:
+                log.debug("job %s needs no release: %s", job.job_id, decision)
+        if not left:
+            return
+        if tries_left > 1 and not self.stopping and self._loop is not None:
+            # The commit backlog is full: try again shortly rather than let the
+            # leases lapse (which would count an attempt nobody made).
+            self._loop.call_later(
+                RELEASE_RETRY_S, self.release_undelivered, tuple(left), peer, tries_left - 1
+            )
+            return
+        log.warning(
+            "could not release %d job(s) whose reserve answer to %s was not written; "
+            "their leases will expire",
+            len(left),
+            peer,
+        )
 
     def _wake(self, queues: frozenset[str]) -> None:
         parked = self._parked
@@ -446,6 +520,11 @@ class SeppServer:
                 if conn.closed or conn.transport is None or conn.transport.is_closing():
                     # Never lease jobs to a reserve whose answer cannot be delivered.
                     self.unpark(parked)
+                    continue
+                if conn.eof:
+                    # Its client half-closed (eof_received finishes its parked
+                    # reserves; this is the belt to those braces).
+                    self._finish_parked(parked, ())
                     continue
                 try:
                     decision, barrier = self.run(parked.command)
@@ -518,7 +597,7 @@ class ClientConnection(asyncio.Protocol):
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
         # The client half-closed: answer what is in flight, then close.
-        self._eof = False
+        self.eof = False
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -557,9 +636,16 @@ class ClientConnection(asyncio.Protocol):
         # A half-close means "no more requests", not "no more answers": commands
         # already read were applied, and dropping their answers would leave the
         # client not knowing their outcome. A partial frame can never complete.
+        # Parked reserves are the exception: a peer that has stopped sending gains
+        # nothing from a long poll (it is most often a process that exited), so
+        # they end now, answered empty while the socket still takes writes, and
+        # are never given jobs (issue 12: a dead client's parked reserve took the
+        # next job and its lease lapsed into the dead-letter store).
+        self.eof = True
+        for parked in sorted(self.parked, key=_by_request_id):
+            self.server._finish_parked(parked, ())
         if self.reader.buffered or self.in_flight <= 0:
             return None  # the transport closes itself
-        self._eof = True
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -619,7 +705,7 @@ class ClientConnection(asyncio.Protocol):
         # 1 MiB each), and a client that reads must not be cut off for it.
         unread = transport.get_write_buffer_size()
         transport.write(frame)
-        if self._eof and self.in_flight <= 0:
+        if self.eof and self.in_flight <= 0:
             self.close()
             return
         if unread > self.server.output_buffer_max:
@@ -643,6 +729,24 @@ class ClientConnection(asyncio.Protocol):
             )
             return
         self.send_frame(frame)
+
+    def send_reserve_after(
+        self,
+        error: BaseException | None,
+        frame: bytes,
+        request_id: int,
+        jobs: tuple[JobView, ...],
+    ) -> None:
+        """Write a reserve answer that leased `jobs` once it is durable. If the
+        connection is already gone the answer cannot be written at all: the jobs
+        were delivered to nobody, so they are released at once (Ready, the
+        attempt not counted) instead of waiting out their leases."""
+        transport = self.transport
+        if error is None and (self.closed or transport is None or transport.is_closing()):
+            self.in_flight -= 1
+            self.server.release_undelivered(jobs, self.peer)
+            return
+        self.send_after(error, frame, request_id)
 
     def reply(self, request_id: int, status: str, body: dict[str, Any]) -> None:
         self.send_frame(encode_frame(pm.encode_response(request_id, status, body)))
@@ -831,7 +935,32 @@ class ClientConnection(asyncio.Protocol):
             if not reply.jobs and wait_ms > 0:
                 server.park(ParkedReserve(self, request_id, command), wait_ms)
                 return
+            if reply.jobs:
+                frame = encode_frame(pm.encode_response(request_id, perr.OK, _reserve_body(reply)))
+                server.respond_reserve_when_durable(self, barrier, frame, request_id, reply.jobs)
+                return
         self._finish(request_id, decision, barrier, _reserve_body)
+
+    def op_withdraw(self, request_id: int, body: pm.WithdrawBody) -> None:
+        """End a parked reserve of this connection early (PROTOCOL.md 5.12): it is
+        answered empty before this answer. `withdrawn` false: no reserve with that
+        id is parked here (never sent, or its answer has already left -- any jobs
+        in it are the client's, to release)."""
+        target = body.request_id
+        for parked in self.parked:
+            if parked.request_id == target:
+                self.server._finish_parked(parked, ())
+                self.reply(request_id, perr.OK, {"withdrawn": True})
+                return
+        self.reply(request_id, perr.OK, {"withdrawn": False})
+
+    def op_release(self, request_id: int, body: pm.ReleaseBody) -> None:
+        if self.server.stopping:
+            return self._shutting_down(request_id)
+        decision, barrier = self.server.run(
+            _new_tuple(Release, (body.job_id, body.attempt, body.worker_id))
+        )
+        self._finish(request_id, decision, barrier, _release_body)
 
     def op_ack(self, request_id: int, body: pm.AckBody) -> None:
         if self.server.stopping:
@@ -962,6 +1091,14 @@ def _ack_body(reply: AckResult) -> dict[str, Any]:
     return {"job_id": reply.job_id}
 
 
+def _release_body(reply: ReleaseResult) -> dict[str, Any]:
+    return {"job_id": reply.job_id}
+
+
+def _by_request_id(parked: ParkedReserve) -> int:
+    return parked.request_id
+
+
 def _nack_body(reply: NackResult) -> dict[str, Any]:
     return {"job_id": reply.job_id, "dead_lettered": reply.dead_lettered}
 
@@ -985,4 +1122,6 @@ _HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
     pm.OP_DRAIN_DEAD_LETTERS: ClientConnection.op_drain_dead_letters,
     pm.OP_SERVER_INFO: ClientConnection.op_server_info,
     pm.OP_QUEUE_STATS: ClientConnection.op_queue_stats,
+    pm.OP_RELEASE: ClientConnection.op_release,
+    pm.OP_WITHDRAW: ClientConnection.op_withdraw,
 }

@@ -14,7 +14,8 @@ Scripting:
   answering), `CLOSE` (flush and close without answering) or `SILENT` (never
   answer);
 * ``server.queue`` is a tiny job queue (reserve long-polls, leases, fencing on
-  ack / nack / extend) that the reserve/ack/nack/extend handlers use unless
+  ack / nack / extend / release; ``withdraw`` always answers that it came too
+  late) that the reserve/ack/nack/extend handlers use unless
   replaced; tests put jobs in with ``server.queue.push(make_job(...))``;
 * every request received is recorded in ``server.requests``; ``await
   server.wait_until(predicate)`` waits for a condition without sleeping.
@@ -142,6 +143,7 @@ class FakeQueue:
         self.in_flight: dict[str, dict[str, Any]] = {}
         self.acked: list[str] = []
         self.nacked: list[dict[str, Any]] = []
+        self.released: list[dict[str, Any]] = []
         self.extended: list[str] = []
         # job id -> error code to answer extends of that job with.
         self.fail_extend: dict[str, str] = {}
@@ -206,6 +208,18 @@ class FakeQueue:
         if not dead and request.body.get("retry") == "delay" and request.body["delay_ms"] == 0:
             self.push(job)
         return "ok", {"job_id": job_id, "dead_lettered": dead}
+
+    def release(self, conn: FakeConnection, request: Request) -> Reply:
+        """Ready again under the same attempt (the next reserve counts it anew)."""
+        refused = self._fence(request.body)
+        if refused is not None:
+            return refused
+        job_id = request.body["job_id"]
+        job = self.in_flight.pop(job_id)
+        self.released.append(request.body)
+        job["attempt"] -= 1
+        self.push(job)
+        return "ok", {"job_id": job_id}
 
     def extend(self, conn: FakeConnection, request: Request) -> Reply:
         job_id = request.body["job_id"]
@@ -332,6 +346,10 @@ class FakeServer:
             "ack": self.queue.ack,
             "nack": self.queue.nack,
             "extend": self.queue.extend,
+            "release": self.queue.release,
+            # By default the fake cannot withdraw its long polls: as if each
+            # withdraw came too late (the answer had already left).
+            "withdraw": lambda conn, req: ("ok", {"withdrawn": False}),
         }
         self._server: asyncio.Server | None = None
         self._serve_tasks: set[asyncio.Task[None]] = set()

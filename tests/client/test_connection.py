@@ -201,7 +201,7 @@ async def test_a_reserve_deadline_is_its_wait_plus_ten_seconds(fake: FakeServer)
         connection = await client._ensure_connection()
         original = connection.request
 
-        async def spy(op, body, *, timeout, on_orphan=None):
+        async def spy(op, body, *, timeout, on_orphan=None, withdrawable=False):
             seen.append(timeout)
             raise TransportError("stop here")
 

@@ -12,6 +12,7 @@ from sepp.client import (
     AttemptMismatchError,
     BatchResultCountMismatchError,
     BatchValidationError,
+    ClientClosedError,
     DeadLetterCause,
     EmptyBatchError,
     EnqueueAck,
@@ -229,7 +230,9 @@ async def test_reserve_in_strict_mode_raises_unknown_queues(fake: FakeServer) ->
         await client.close()
 
 
-async def test_an_abandoned_reserve_releases_the_jobs_it_leased(fake: FakeServer) -> None:
+async def test_an_abandoned_reserve_is_withdrawn_and_its_late_jobs_released_not_nacked(
+    fake: FakeServer,
+) -> None:
     async with fake:
         client = await SeppClient.connect(fake.address)
         parked = asyncio.ensure_future(
@@ -238,17 +241,81 @@ async def test_an_abandoned_reserve_releases_the_jobs_it_leased(fake: FakeServer
             )
         )
         await fake.wait_until(lambda: len(fake.queue.reserves) == 1)
+        (reserve,) = fake.ops("reserve")
         parked.cancel()
         with pytest.raises(asyncio.CancelledError):
             await parked
-        # The server did not hear about the cancellation and leases a job later.
+        # The client withdraws the parked reserve at once, naming its request id.
+        await fake.wait_until(lambda: len(fake.ops("withdraw")) == 1)
+        assert fake.ops("withdraw")[0].body == {"request_id": reserve.id}
+        # This fake answers that the withdraw came too late and leases a job to
+        # the abandoned reserve: the client hands it back without counting a
+        # failure (release), never with a nack.
         job = make_job("late")
         fake.queue.push(job)
-        await fake.wait_until(lambda: len(fake.ops("nack")) == 1)
-        nack = fake.ops("nack")[0].body
-        assert nack["job_id"] == job["id"]
-        assert (nack["retry"], nack["delay_ms"], nack["worker_id"]) == ("delay", 0, "w")
+        await fake.wait_until(lambda: len(fake.queue.released) == 1)
+        assert fake.queue.released[0] == {"job_id": job["id"], "attempt": 1, "worker_id": "w"}
+        assert fake.ops("nack") == []
         await client.close()
+
+
+async def test_release_hands_a_reserved_job_back_with_its_attempt(fake: FakeServer) -> None:
+    async with fake:
+        fake.queue.push(make_job("a"))
+        client = await SeppClient.connect(fake.address)
+        jobs = await client.reserve(ReserveOptions(["q"], LEASE, worker_id="w-1"))
+        assert jobs is not None
+        await client.release(jobs[0].ctx)
+        assert fake.ops("release")[0].body == {
+            "job_id": jobs[0].ctx.id,
+            "attempt": 1,
+            "worker_id": "w-1",
+        }
+        again = await client.reserve(ReserveOptions(["q"], LEASE))
+        assert again is not None and again[0].ctx.attempt == 1
+        await client.close()
+
+
+async def test_release_of_a_lease_that_moved_on_raises_the_fencing_error(
+    fake: FakeServer,
+) -> None:
+    async with fake:
+        fake.queue.push(make_job("a"))
+        client = await SeppClient.connect(fake.address)
+        jobs = await client.reserve(ReserveOptions(["q"], LEASE))
+        assert jobs is not None
+        await client.release(jobs[0].ctx)
+        with pytest.raises(JobNotFoundError):
+            await client.release(jobs[0].ctx)
+        await client.close()
+
+
+async def test_close_withdraws_a_waiting_reserve_and_its_caller_sees_client_closed(
+    fake: FakeServer,
+) -> None:
+    async with fake:
+        fake.on("withdraw", _withdraw_answering_the_reserve_empty(fake))
+        client = await SeppClient.connect(fake.address)
+        parked = asyncio.ensure_future(
+            client.reserve(ReserveOptions(["q"], LEASE, wait_timeout=timedelta(seconds=30)))
+        )
+        await fake.wait_until(lambda: len(fake.queue.reserves) == 1)
+        (reserve,) = fake.ops("reserve")
+        await client.close()
+        with pytest.raises(ClientClosedError):
+            await parked
+        assert [r.body for r in fake.ops("withdraw")] == [{"request_id": reserve.id}]
+
+
+def _withdraw_answering_the_reserve_empty(fake: FakeServer):
+    """A withdraw handler that, like the real server, answers the parked reserve
+    (empty) before the withdraw itself."""
+
+    def withdraw(conn, request):
+        conn.send(request.body["request_id"], "ok", {"jobs": []})
+        return "ok", {"withdrawn": True}
+
+    return withdraw
 
 
 # -- ack, nack, extend -------------------------------------------------------------------------

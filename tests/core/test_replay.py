@@ -42,6 +42,7 @@ from sepp.core import (
     Nack,
     NewJob,
     QueuePolicy,
+    Release,
     RequeueDeadLetters,
     Reserve,
     State,
@@ -138,8 +139,19 @@ def _pair(rng: random.Random, state: State) -> tuple[str, int]:
 def random_command(rng: random.Random, state: State, now: int) -> Command:
     """One command of a stream: mostly valid, sometimes stale or bogus."""
     kind = rng.choices(
-        ("enqueue", "reserve", "ack", "nack", "extend", "sweep", "drain", "admin", "requeue"),
-        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1),
+        (
+            "enqueue",
+            "reserve",
+            "ack",
+            "nack",
+            "extend",
+            "sweep",
+            "drain",
+            "admin",
+            "requeue",
+            "release",
+        ),
+        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1),
     )[0]
     if kind == "enqueue":
         jobs = tuple(random_job(rng, now) for _ in range(rng.randrange(1, 5)))
@@ -169,6 +181,9 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
     if kind == "extend":
         job_id, attempt = _pair(rng, state)
         return Extend(job_id=job_id, attempt=attempt, lease_ms=rng.choice((10, 1_000, 10**6)))
+    if kind == "release":
+        job_id, attempt = _pair(rng, state)
+        return Release(job_id=job_id, attempt=attempt, worker_id=rng.choice((None, "w1")))
     if kind == "sweep":
         return Sweep()
     if kind == "drain":

@@ -38,6 +38,7 @@ from sepp.core import (
     Nack,
     NewJob,
     QueuePolicy,
+    Release,
     RequeueDeadLetters,
     Reserve,
     State,
@@ -383,6 +384,13 @@ class CoreAgainstModel(RuleBasedStateMachine):
         now = self.now - skew
         answer = self.model.extend(job_id, attempt, lease_ms, now)
         self.run(Extend(job_id=job_id, attempt=attempt, lease_ms=lease_ms), answer, now)
+
+    @rule(pair=PAIRS, skew=SKEW)
+    def release(self, pair: tuple[int, str, str], skew: int) -> None:
+        job_id, attempt = self.pick(pair)
+        now = self.now - skew
+        answer = self.model.release(job_id, attempt, now)
+        self.run(Release(job_id=job_id, attempt=attempt), answer, now)
 
     @rule(dt=st.sampled_from([0, 1, 10, 100, 400, 1_000, 3_000]))
     def time_passes(self, dt: int) -> None:

@@ -109,10 +109,11 @@ def test_envelope_with_no_events_is_well_formed() -> None:
     assert decode_envelope(encode_envelope(0, COMMAND_SWEEP, [])).events == []
 
 
-def test_command_kinds_are_one_to_ten() -> None:
-    assert sorted(COMMAND_KINDS) == list(range(1, 11))
+def test_command_kinds_are_one_to_eleven() -> None:
+    assert sorted(COMMAND_KINDS) == list(range(1, 12))
     assert COMMAND_KIND_NAMES[2] == "enqueue_atomic"
     assert COMMAND_KIND_NAMES[10] == "requeue_dead_letters"
+    assert COMMAND_KIND_NAMES[11] == "release"
 
 
 # ---------------------------------------------------------------- decode errors
@@ -156,7 +157,7 @@ BAD_ENVELOPES = [
     ("float time", pack([1, 1.5, 1, []]), "bad envelope time_ms 1.5"),
     ("bool time", pack([1, False, 1, []]), "bad envelope time_ms False"),
     ("command 0", pack([1, 0, 0, []]), "unknown command kind 0"),
-    ("command 11", pack([1, 0, 11, []]), "unknown command kind 11"),
+    ("command 12", pack([1, 0, 12, []]), "unknown command kind 12"),
     ("command true", pack([1, 0, True, []]), "unknown command kind True"),
     ("command nil", pack([1, 0, None, []]), "unknown command kind None"),
     ("events map", pack([1, 0, 1, {}]), "envelope events is not an array"),
@@ -194,7 +195,7 @@ def test_long_reasons_are_clipped() -> None:
         ((1.0, 1, []), "time_ms"),
         ((True, 1, []), "time_ms"),
         ((0, 0, []), "command kind"),
-        ((0, 11, []), "command kind"),
+        ((0, 12, []), "command kind"),
         ((0, True, []), "command kind"),
         ((0, [1], []), "command kind"),
         ((0, 1, ()), "events must be a list"),

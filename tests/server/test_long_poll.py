@@ -1,10 +1,23 @@
 """Long-poll reserves: parking, every kind of wake, deadlines, out-of-order answers
-on one connection, fair hand-out to several waiters, and shutdown."""
+on one connection, fair hand-out to several waiters, and shutdown; reserves whose
+client has gone (half-close, exit, withdraw, an answer that cannot be written) and
+the release of attempts delivered to nobody."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import socket
+import struct
+import threading
+from collections.abc import AsyncIterator, Iterator
 
+import pytest
+
+from sepp.server.config import ServerConfig, load_config
+from sepp.server.server import SeppServer
+from sepp.storage.faultfs import FaultyFileSystem
 from tests.server.conftest import (
     LEASE_MS,
     RawClient,
@@ -220,3 +233,309 @@ async def test_on_sigterm_parked_reserves_answer_empty_and_the_exit_code_is_zero
         await w.wait_closed()
         w.assert_clean()
     assert await stopping == 0
+
+
+# -- abandoned long polls (issue 12 §1) ----------------------------------------------------
+# A reserve nobody waits for any more must never be given a job: the job's attempt
+# would be spent on nobody, and with max_attempts = 1 it would be dead-lettered (and,
+# with the default retention, dropped) without ever running.
+
+
+async def test_a_half_close_answers_parked_reserves_empty_and_they_never_get_a_job(
+    sepp_server, queue_names
+):
+    gone = await connect(sepp_server.address)
+    q = next(queue_names)
+    first = await park(gone, [q], wait_ms=60_000)
+    second = await park(gone, [q], wait_ms=60_000)
+    gone.half_close()
+    # Both end now, answered empty while the socket still takes writes, then the
+    # server closes the connection (nothing else was in flight).
+    assert await jobs_of(gone, first) == []
+    assert await jobs_of(gone, second) == []
+    await gone.wait_closed()
+    gone.assert_clean()
+    producer = await connect(sepp_server.address)
+    (job_id,) = await producer.enqueue_ids(job(q, max_attempts=1))
+    stats = await producer.stats(q)
+    assert (stats["ready"], stats["in_flight"], stats["dead_lettered"]) == (1, 0, 0)
+    (delivered,) = await producer.reserve([q])
+    assert (delivered["id"], delivered["attempt"], delivered["max_attempts"]) == (job_id, 1, 1)
+    assert (await producer.ack(delivered)).status == "ok"
+
+
+async def test_a_withdrawn_reserve_is_answered_empty_before_the_withdraw(
+    sepp_server, queue_names
+):
+    worker = await connect(sepp_server.address)
+    q = next(queue_names)
+    waiting = await park(worker, [q], wait_ms=60_000)
+    assert await worker.ok("withdraw", {"request_id": waiting}) == {"withdrawn": True}
+    # The reserve's empty answer came first: once the withdraw is answered the
+    # client holds everything the reserve will ever get.
+    assert worker.responses[waiting].body == {"jobs": []}
+    arrival = [r.id for r in worker.arrivals]
+    assert arrival.index(waiting) < len(arrival) - 1
+    # The withdrawn reserve is gone: a max_attempts = 1 job goes to the next
+    # reserve, attempt 1, instead of being leased to nobody.
+    producer = await connect(sepp_server.address)
+    (job_id,) = await producer.enqueue_ids(job(q, max_attempts=1))
+    (delivered,) = await worker.reserve([q], wait_ms=5_000)
+    assert (delivered["id"], delivered["attempt"]) == (job_id, 1)
+    assert (await worker.ack(delivered)).status == "ok"
+    worker.assert_clean()
+
+
+async def test_withdrawing_a_request_that_is_not_parked_says_so(sepp_server, queue_names):
+    worker = await connect(sepp_server.address)
+    other = await connect(sepp_server.address)
+    q = next(queue_names)
+    (job_id,) = await worker.enqueue_ids(job(q))
+    answered = worker.send("reserve", worker.reserve_body([q], wait_ms=60_000))
+    (delivered,) = await jobs_of(worker, answered)
+    # Already answered (with a job, which is now the client's to release or run),
+    # never sent, or parked on another connection: nothing to withdraw.
+    assert await worker.ok("withdraw", {"request_id": answered}) == {"withdrawn": False}
+    assert await worker.ok("withdraw", {"request_id": 987_654}) == {"withdrawn": False}
+    elsewhere = await park(other, [q + "-idle"], wait_ms=60_000)
+    assert await worker.ok("withdraw", {"request_id": elsewhere}) == {"withdrawn": False}
+    assert elsewhere not in other.responses
+    assert delivered["id"] == job_id
+
+
+async def test_a_withdraw_without_a_request_id_is_invalid_argument(sepp_server):
+    worker = await connect(sepp_server.address)
+    for body in ({}, {"request_id": -1}, {"request_id": "7"}):
+        response = await worker.call("withdraw", body)
+        assert response.status == "invalid_argument", (body, response)
+    assert await worker.ok("health") == {"status": "serving"}
+
+
+# -- release: an attempt handed back unused -------------------------------------------------
+
+
+async def release(client: RawClient, delivered: dict, attempt: int | None = None):
+    body = {"job_id": delivered["id"], "attempt": delivered["attempt"] if attempt is None else attempt}
+    return await client.call("release", body)
+
+
+async def test_a_released_job_is_ready_at_once_and_keeps_its_attempt(sepp_server, queue_names):
+    worker = await connect(sepp_server.address)
+    q = next(queue_names)
+    (job_id,) = await worker.enqueue_ids(job(q, max_attempts=1))
+    (delivered,) = await worker.reserve([q])
+    response = await release(worker, delivered)
+    assert (response.status, response.body) == ("ok", {"job_id": job_id})
+    stats = await worker.stats(q)
+    assert (stats["ready"], stats["in_flight"], stats["dead_lettered"]) == (1, 0, 0)
+    # Not counted: the next delivery is attempt 1 again, and a failure of that
+    # attempt is the job's first and last.
+    (again,) = await worker.reserve([q])
+    assert (again["id"], again["attempt"], again["max_attempts"]) == (job_id, 1, 1)
+    nacked = await worker.nack(again)
+    assert (nacked.status, nacked.body["dead_lettered"]) == ("ok", True)
+
+
+async def test_a_release_wakes_a_parked_reserve(sepp_server, queue_names):
+    holder = await connect(sepp_server.address)
+    worker = await connect(sepp_server.address)
+    q = next(queue_names)
+    (job_id,) = await holder.enqueue_ids(job(q))
+    (held,) = await holder.reserve([q])
+    waiting = await park(worker, [q])
+    assert (await release(holder, held)).status == "ok"
+    (delivered,) = await jobs_of(worker, waiting)
+    assert (delivered["id"], delivered["attempt"]) == (job_id, 1)
+
+
+async def test_a_release_is_fenced_like_an_ack(sepp_server, queue_names):
+    worker = await connect(sepp_server.address)
+    q = next(queue_names)
+    (job_id,) = await worker.enqueue_ids(job(q, max_attempts=3))
+    (first,) = await worker.reserve([q])
+    assert (await worker.nack(first)).status == "ok"
+    (second,) = await worker.reserve([q])
+    assert second["attempt"] == 2
+    stale = await release(worker, first)
+    assert (stale.status, stale.body["reason"], stale.body["current_attempt"]) == (
+        "failed_precondition",
+        "attempt_mismatch",
+        2,
+    )
+    assert (await release(worker, second)).status == "ok"
+    # Released: no longer in flight, so a second release (or an ack) finds nothing.
+    assert (await release(worker, second)).status == "not_found"
+    assert (await worker.ack(second)).status == "not_found"
+    unknown = {"id": "00000000-0000-4000-8000-000000000000", "attempt": 1}
+    assert (await release(worker, unknown)).status == "not_found"
+    assert (await release(worker, {"id": "not-a-uuid", "attempt": 1})).status == (
+        "invalid_argument"
+    )
+    assert (await release(worker, second, attempt=0)).status == "invalid_argument"
+    assert (await worker.stats(q))["ready"] == 1
+    assert job_id == second["id"]
+
+
+async def test_a_release_survives_a_crash_and_replays_to_the_same_state(
+    server_factory, queue_names
+):
+    server = server_factory()
+    client = await connect(server.address)
+    q = next(queue_names)
+    released_id, kept_id = await client.enqueue_ids(job(q, max_attempts=1), job(q))
+    first, second = await client.reserve([q], max_jobs=2)
+    assert (first["id"], second["id"]) == (released_id, kept_id)
+    assert (await release(client, first)).status == "ok"
+    await client.close()
+    server.kill()  # no final snapshot: recovery replays the JobReleased record
+    restarted = server_factory(data_dir=server.data_dir)
+    client = await connect(restarted.address)
+    stats = await client.stats(q)
+    assert (stats["ready"], stats["in_flight"], stats["dead_lettered"]) == (1, 1, 0)
+    (again,) = await client.reserve([q])
+    assert (again["id"], again["attempt"]) == (released_id, 1)
+    assert (await client.ack(again)).status == "ok"
+    # The job still in flight is fenced by its attempt as before the crash.
+    assert (await client.ack(second)).status == "ok"
+
+
+# -- in process: what only the server's own state can show ----------------------------------
+
+
+@pytest.fixture
+def _in_process(tmp_path, monkeypatch) -> Iterator[None]:
+    """Run where there is no ./sepp.toml; put back the process-wide GC tuning
+    SeppServer.start applies."""
+    monkeypatch.chdir(tmp_path)
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def in_process_config(**env: str) -> ServerConfig:
+    environment = {f"SEPP_{name.upper()}": value for name, value in env.items()}
+    return load_config(
+        None,
+        env=environment,
+        overrides={("server", "data_dir"): "/sepp-data", ("server", "listen_addr"): "127.0.0.1:0"},
+    )
+
+
+@contextlib.asynccontextmanager
+async def in_process(config: ServerConfig, fs: FaultyFileSystem) -> AsyncIterator[SeppServer]:
+    server = SeppServer(config, fs=fs)
+    await server.start()
+    try:
+        yield server
+    finally:
+        if not server.stopping:
+            await server.shutdown()
+        await asyncio.wait_for(server.wait_stopped(), 30)
+
+
+def address_of(server: SeppServer) -> str:
+    assert server.address is not None
+    return f"{server.address[0]}:{server.address[1]}"
+
+
+def reset_on_close(client: RawClient) -> None:
+    """Make the next close send a TCP reset, as a killed peer's kernel may: the
+    server then sees the connection lost, not a half-close."""
+    sock = client._writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def parked_count(server: SeppServer) -> int:
+    return sum(len(conn.parked) for conn in server.connections)
+
+
+async def test_a_client_that_exits_with_a_parked_reserve_never_receives_the_next_job(
+    _in_process, queue_names
+):
+    fs = FaultyFileSystem()
+    async with in_process(in_process_config(), fs) as server:
+        gone = await connect(address_of(server))
+        q = next(queue_names)
+        await park(gone, [q], wait_ms=60_000)
+        # The process exits: its kernel closes the socket, no goodbye.
+        await gone.close()
+        await wait_until(
+            lambda: parked_count(server) == 0, what="the gone client's parked reserve to end"
+        )
+        producer = await connect(address_of(server))
+        (job_id,) = await producer.enqueue_ids(job(q, max_attempts=1))
+        stats = await producer.stats(q)
+        assert (stats["ready"], stats["in_flight"], stats["dead_lettered"]) == (1, 0, 0)
+        (delivered,) = await producer.reserve([q])
+        assert (delivered["id"], delivered["attempt"]) == (job_id, 1)
+        assert (await producer.ack(delivered)).status == "ok"
+
+
+class HeldSync:
+    """A FaultyFileSystem hook that holds the flusher inside fdatasync until
+    released: a command is applied but its answer waits for the disk."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, op: str, path: str) -> None:
+        if op == "fdatasync" and self.armed and not self.release.is_set():
+            self.entered.set()
+            self.release.wait(60)
+
+
+@pytest.mark.parametrize("parked", [False, True], ids=["immediate", "woken-from-park"])
+async def test_jobs_whose_reserve_answer_cannot_be_written_are_ready_again_at_once(
+    _in_process, queue_names, parked
+):
+    fs = FaultyFileSystem()
+    held = HeldSync()
+    fs.hook = held
+    config = in_process_config(storage__persist_mode="sync_data")
+    async with in_process(config, fs) as server:
+        try:
+            gone = await connect(address_of(server))
+            producer = await connect(address_of(server))
+            q = next(queue_names)
+            if parked:
+                await park(gone, [q], wait_ms=60_000)
+                held.armed = True
+                sent = producer.send("enqueue", {"jobs": [job(q, max_attempts=1)]})
+            else:
+                (job_id,) = await producer.enqueue_ids(job(q, max_attempts=1))
+                held.armed = True
+                sent = gone.send("reserve", gone.reserve_body([q], lease_ms=600_000))
+            # The job is leased (in memory); its answer waits for the disk, and
+            # meanwhile the client's connection is lost.
+            await asyncio.to_thread(held.entered.wait, 30)
+            assert held.entered.is_set()
+            await wait_until(
+                lambda: any(j.status == 2 for j in server.engine.state.jobs.values()),
+                what="the job to be leased",
+            )
+            reset_on_close(gone)
+            await gone.close()
+            await wait_until(
+                lambda: len(server.connections) == 1, what="the server to see the reset"
+            )
+        finally:
+            held.release.set()
+        if parked:
+            assert (await producer.response(sent)).status == "ok"
+        # The answer could not be written: the job was delivered to nobody, so it
+        # is Ready as soon as the server finds that out (when the answer falls
+        # due) -- not In-flight until its 10-minute lease lapses, and its only
+        # attempt not spent.
+        async def released() -> bool:
+            stats = await producer.stats(q)
+            return (stats["ready"], stats["in_flight"], stats["dead_lettered"]) == (1, 0, 0)
+
+        await wait_until(released, what="the undelivered job to be Ready again")
+        (delivered,) = await producer.reserve([q])
+        assert (delivered["attempt"], delivered["max_attempts"]) == (1, 1)
+        if not parked:
+            assert delivered["id"] == job_id
+        assert (await producer.ack(delivered)).status == "ok"
