@@ -29,7 +29,9 @@ ledger (`Ledger`) and its checks. What it does, per cycle:
 5. sometimes damage the stopped directory the way a crash can: a torn last write
    (a partial record or zeros appended to the last segment: recovery must cut it),
    or a flipped bit in a sealed segment (the server must refuse to start, naming
-   the file and offset `sepp-log verify` names; repaired, it must start);
+   the file and offset `sepp-log verify` names; repaired, it must start -- unless
+   verify calls it damaged history, wholly below the snapshot recovery starts
+   from: then the server must start and log it);
 6. check the stopped directory offline: `tools.verify.verify` must find no error
    (so every snapshot, an image of the live state, equals the replay of the log
    at its seq), and `tools.replay.replay_to` gives S, the state recovery will
@@ -1293,6 +1295,17 @@ class Harness:
             if started:
                 server.kill()
                 await server.wait()
+            if errors and all(p.kind == "damaged-history" for p in errors):
+                # Wholly below the snapshot recovery starts from (recovery rows 15,
+                # 16): the server starts with every job and says what is damaged.
+                tail = server.log_tail(40)
+                self.ledger.check(
+                    started and "damaged history" in tail and os.path.basename(path) in tail,
+                    f"damaged history at {path}:{offset} did not start the server, or went "
+                    f"unreported (exit {server.exit_code}): {tail}",
+                )
+                self.report.stats["started_past_damaged_history"] += 1
+                return
             self.ledger.check(
                 not started and server.exit_code == 1,
                 f"a flipped bit at {path}:{offset} did not stop the server (exit {server.exit_code})",

@@ -50,9 +50,9 @@ class Problem:
     word for scripts (`corruption`, `torn-tail`, `sequence-gap`, `bad-header`,
     `decode`, `event`, `time`, `apply`, `invariant`, `snapshot-mismatch`,
     `snapshot-unusable`, `snapshot-ahead`, `snapshot-unchecked`, `log-start`,
-    `temp-file`, `ignored-file`, `io`). `file` is relative to the data directory;
-    `offset` is a byte offset in it; `seq` the sequence number concerned (for a
-    snapshot, its last_seq)."""
+    `temp-file`, `ignored-file`, `io`, `damaged-history`). `file` is relative to
+    the data directory; `offset` is a byte offset in it; `seq` the sequence number
+    concerned (for a snapshot, its last_seq)."""
 
     severity: str
     kind: str

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sepp.core.state import State
-from tools.datadir import ERROR, DataDir, Problem, SnapshotFile
-from tools.states import choose_base
+
+from .datadir import ERROR, DataDir, Problem, SnapshotFile
+from .states import choose_base
 
 __all__ = ["HISTORY_KINDS", "HistoryJudge", "RecoveryBase", "recovery_base"]
 

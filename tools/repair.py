@@ -1,8 +1,20 @@
-"""`sepp-log repair DATA_DIR --truncate-at SEQ`: the operator's repair of a log that
-recovery refuses -- the one command that changes a data directory.
+"""`sepp-log repair DATA_DIR --truncate-at SEQ` and `sepp-log repair DATA_DIR
+--set-aside-history`: the operator's repairs of a log -- the one command that
+changes a data directory.
 
 Owns: `plan_repair` (`RepairPlan`: what a cut at SEQ removes, or why it cannot be
-done) and `apply_repair` (do it, keeping a backup of everything removed).
+done), `apply_repair` (do it, keeping a backup of everything removed),
+`plan_set_aside` / `apply_set_aside` (`SetAsidePlan`: move damaged *history* aside).
+
+Setting history aside: damage wholly below the snapshot recovery starts from
+(recovery rows 15, 16; `tools.history`) loses no state -- the server starts past
+it and reports it on every start. `--set-aside-history` moves the damaged
+segments, and every segment before them (else the log would keep a gap), into the
+backup folder: the log then starts after the damage, still reaching back to that
+snapshot, and recovery starts clean. No snapshot and no record above the snapshot
+is touched. A cut (`--truncate-at`) at a seq inside damaged history would throw
+away every later record and the snapshots holding the state, so it is refused
+while setting aside suffices, pointing at `--set-aside-history`.
 
 The rule: **cut at SEQ** -- keep records 1..SEQ-1, remove record SEQ and every
 record after it, and every snapshot of a state after SEQ-1 (last_seq >= SEQ). The
@@ -45,11 +57,21 @@ from sepp.storage.fs import RealFileSystem
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
 
 from .datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile
+from .history import HistoryJudge, RecoveryBase, recovery_base
 from .output import UsageError
 from .segments import LogWalker, SegmentStart
 from .states import SnapshotError, load_snapshot_file
 
-__all__ = ["RepairPlan", "apply_repair", "default_backup_dir", "lock_data_dir", "plan_repair"]
+__all__ = [
+    "RepairPlan",
+    "SetAsidePlan",
+    "apply_repair",
+    "apply_set_aside",
+    "default_backup_dir",
+    "lock_data_dir",
+    "plan_repair",
+    "plan_set_aside",
+]
 
 _FS = RealFileSystem()
 
@@ -109,11 +131,28 @@ def plan_repair(data_dir: DataDir, seq: int) -> RepairPlan:
         raise UsageError("--truncate-at must be at least 1")
     plan = RepairPlan(data_dir, seq)
     segments = data_dir.segments
+    history = plan_set_aside(data_dir)
+    from_seq: int | None = None
+    if history.segments:
+        snap = history.base.snapshot if history.base is not None else None
+        if seq <= history.history_end and snap is not None:
+            later = [s for s in data_dir.snapshots if s.last_seq >= seq]
+            return _refuse(
+                plan,
+                history.damaged[0].file,
+                f"seq {seq} lies in damaged history, wholly below {snap.rel} (seq "
+                f"{snap.last_seq}), which holds the state: a cut here would remove "
+                f"{len(later)} snapshot(s) and every record from seq {seq} on; "
+                "use --set-aside-history, which moves only the damaged history aside",
+            )
+        # The damage before the cut is history: it does not stop the cut.
+        from_seq = history.history_end + 1
+        segments = segments[len(history.segments) :]
     walker = LogWalker(data_dir)
     current: SegmentFile | None = None
     expected: int | None = segments[0].first_seq if segments else 1
     found = False
-    for item in walker.walk():
+    for item in walker.walk(from_seq=from_seq):
         if type(item) is SegmentStart:
             current = item.segment
             if expected is not None and item.first_seq == seq and seq == expected:
@@ -169,6 +208,104 @@ def plan_repair(data_dir: DataDir, seq: int) -> RepairPlan:
     plan.snapshots = [s for s in data_dir.snapshots if s.last_seq >= seq]
     _check_recoverable(plan)
     return plan
+
+
+@dataclass
+class SetAsidePlan:
+    """What `--set-aside-history` moves: `segments` (the damaged history and every
+    segment before it), kept in the backup folder. Empty: nothing to set aside."""
+
+    data_dir: DataDir
+    base: RecoveryBase | None = None
+    # The damaged history found (as `verify` words it).
+    damaged: list[Problem] = field(default_factory=list)
+    segments: list[SegmentFile] = field(default_factory=list)
+    # The last seq set aside; the log then starts at history_end + 1.
+    history_end: int = 0
+    # Damage that is not history: setting aside leaves it (recovery still refuses).
+    other: list[Problem] = field(default_factory=list)
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.segments)
+
+    def describe(self) -> list[str]:
+        lines = [
+            f"move {segment.rel} ({_size(segment.path)} bytes) aside" for segment in self.segments
+        ]
+        if self.segments and self.base is not None and self.base.snapshot is not None:
+            lines.append(
+                f"keep every snapshot and every later segment: the log then starts at seq "
+                f"{self.history_end + 1}, and {self.base.snapshot.rel} (seq {self.base.seq}) "
+                "holds the state before it"
+            )
+        return lines
+
+
+def plan_set_aside(data_dir: DataDir) -> SetAsidePlan:
+    """Find the damaged history of `data_dir`, read-only (one walk of the log)."""
+    plan = SetAsidePlan(data_dir)
+    segments = data_dir.segments
+    if not segments or not data_dir.snapshots:
+        return plan
+    judge: HistoryJudge | None = None
+    upto = 0  # segments[:upto] are set aside
+    for item in LogWalker(data_dir, resync=True).walk():
+        if type(item) is not Problem or item.severity != ERROR:
+            continue
+        if judge is None:
+            plan.base = recovery_base(data_dir)
+            judge = HistoryJudge(data_dir, plan.base)
+        if not judge.is_history(item):
+            plan.other.append(item)
+            continue
+        plan.damaged.append(judge.describe(item))
+        index = next(i for i, s in enumerate(segments) if s.rel == item.file)
+        # A gap between segments is reported at the start of the later one: the
+        # segments before it go; damage inside a segment takes it along.
+        between = item.kind == "sequence-gap" and item.offset == 0
+        upto = max(upto, index if between else index + 1)
+    plan.segments = segments[:upto]
+    if upto:
+        plan.history_end = segments[upto].first_seq - 1
+    return plan
+
+
+def apply_set_aside(plan: SetAsidePlan, backup_dir: str) -> list[str]:
+    """Move the plan's segments into `backup_dir`/wal (which must not exist), synced,
+    with a REPAIR.txt. Returns lines describing what was done."""
+    if os.path.lexists(backup_dir):
+        raise UsageError(f"{backup_dir}: already exists (choose another --backup-dir)")
+    root = plan.data_dir.root
+    backup_wal = os.path.join(backup_dir, WAL_DIR)
+    os.makedirs(backup_wal)
+    done: list[str] = []
+    # The oldest first: a crash half-way leaves a log that starts later, still
+    # reaching back to the snapshot (every segment moved is wholly below it).
+    for segment in plan.segments:
+        shutil.move(segment.path, os.path.join(backup_wal, os.path.basename(segment.path)))
+        done.append(f"moved {segment.rel} to {os.path.join(backup_dir, segment.rel)}")
+    for directory in (os.path.join(root, WAL_DIR), backup_wal, backup_dir):
+        _FS.fsync_dir(directory)
+    lines = [
+        f"sepp-log repair {root} --set-aside-history",
+        f"at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+        "why: damaged history, wholly below the snapshot recovery starts from:",
+        *(f"  {problem.human()}" for problem in plan.damaged),
+        "",
+        "done:",
+        *(f"  {line}" for line in done),
+        "",
+        "these files are history only (the snapshot holds the state after them): keep them",
+        "for audits (sepp-log dump/audit read a copy of a data directory), or delete them.",
+        "to undo (server stopped): move the files under wal/ back into DATA_DIR/wal/.",
+    ]
+    with open(os.path.join(backup_dir, "REPAIR.txt"), "x", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    _FS.fsync_dir(backup_dir)
+    return done
 
 
 def _where(problem: Problem) -> str:

@@ -6,7 +6,7 @@
     sepp-log replay DATA_DIR [--until-seq N | --until-time T] [--into NEW_DIR]
     sepp-log audit  DATA_DIR JOB_ID | --key QUEUE IDEMPOTENCY_KEY | --queue Q --since T [--until T]
     sepp-log stats  DATA_DIR [--rows N]
-    sepp-log repair DATA_DIR --truncate-at SEQ [--backup-dir DIR] [--dry-run]
+    sepp-log repair DATA_DIR (--truncate-at SEQ | --set-aside-history) [--backup-dir DIR] [--dry-run]
 
 Every command takes `--json` (JSON lines on stdout, each with a "type") and
 `--no-progress`. Times (T) are ISO-8601; a time without a zone is UTC; times are
@@ -49,7 +49,14 @@ from .output import (
     format_time_ms,
     parse_time,
 )
-from .repair import apply_repair, default_backup_dir, lock_data_dir, plan_repair
+from .repair import (
+    apply_repair,
+    apply_set_aside,
+    default_backup_dir,
+    lock_data_dir,
+    plan_repair,
+    plan_set_aside,
+)
 from .replay import (
     check_copy,
     check_target,
@@ -234,7 +241,65 @@ def _stats(args: argparse.Namespace) -> int:
     return stats.exit_code
 
 
+def _set_aside_history(args: argparse.Namespace) -> int:
+    data_dir = open_data_dir(args.data_dir)
+    out = Emitter(json_lines=args.json)
+    errors = _problem_stream(args, "repair")
+    plan = plan_set_aside(data_dir)
+    for problem in plan.damaged:
+        errors(problem)
+    for problem in plan.other:
+        errors(
+            Problem(
+                problem.severity,
+                problem.kind,
+                problem.file,
+                problem.offset,
+                problem.seq,
+                f"{problem.reason} (not history: setting history aside leaves it; "
+                "recovery still refuses -- see --truncate-at)",
+            )
+        )
+    lock = -1
+    if not args.dry_run and plan.changes_anything:
+        try:
+            lock = lock_data_dir(data_dir)
+        except DataDirLocked as exc:
+            errors(Problem(ERROR, "locked", LOCK_FILE, 0, None, f"{exc}: stop it first"))
+            return EXIT_PROBLEMS
+    backup = args.backup_dir or default_backup_dir(data_dir)
+    steps = plan.describe()
+    out.emit(
+        "repair-plan",
+        "set damaged history aside" + ("" if steps else ": none found; nothing to change"),
+        {
+            "set_aside_history": True,
+            "history_end": plan.history_end,
+            "steps": steps,
+            "backup_dir": backup,
+            "dry_run": args.dry_run,
+        },
+    )
+    for step in steps:
+        out.note(("  would " if args.dry_run else "  ") + step)
+    if args.dry_run or not plan.changes_anything:
+        return EXIT_PROBLEMS if plan.other else EXIT_OK
+    try:
+        done = apply_set_aside(plan, backup)
+    finally:
+        os.close(lock)
+    out.emit(
+        "repair-done",
+        f"done; the damaged history is in {backup} (REPAIR.txt says how to undo). "
+        f"Check with: sepp-log verify {data_dir.root}",
+        {"backup_dir": backup, "done": done},
+    )
+    return EXIT_PROBLEMS if plan.other else EXIT_OK
+
+
 def _repair(args: argparse.Namespace) -> int:
+    if args.set_aside_history:
+        return _set_aside_history(args)
     data_dir = open_data_dir(args.data_dir)
     out = Emitter(json_lines=args.json)
     errors = _problem_stream(args, "repair")
@@ -442,20 +507,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     repair_cmd = sub.add_parser(
         "repair",
-        help="cut the log at SEQ (operator repair of a log recovery refuses); server stopped",
-        description="Keep records 1..SEQ-1 and remove record SEQ and everything after it "
-        "(and every snapshot of a later state), moving what is removed into a backup "
-        "directory with a note on how to undo. The server must be stopped. Refuses (exit "
-        "1) when the result would not start: damage before SEQ, SEQ past the end or "
-        "before the start of the log, no snapshot to cover a log that starts after seq 1.",
+        help="cut the log at SEQ, or set damaged history aside (operator repairs); server stopped",
+        description="--truncate-at SEQ: keep records 1..SEQ-1 and remove record SEQ and "
+        "everything after it (and every snapshot of a later state), moving what is removed "
+        "into a backup directory with a note on how to undo. Refuses (exit 1) when the "
+        "result would not start: damage before SEQ, SEQ past the end or before the start of "
+        "the log, no snapshot to cover a log that starts after seq 1; or when SEQ lies in "
+        "damaged history that --set-aside-history handles. --set-aside-history: move damaged "
+        "segments wholly below the snapshot recovery starts from, and the segments before "
+        "them, into the backup directory; no snapshot and no later record is touched. "
+        "The server must be stopped.",
     )
     repair_cmd.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
-    repair_cmd.add_argument(
+    what = repair_cmd.add_mutually_exclusive_group(required=True)
+    what.add_argument(
         "--truncate-at",
         type=_positive,
-        required=True,
         metavar="SEQ",
         help="the first record to remove",
+    )
+    what.add_argument(
+        "--set-aside-history",
+        action="store_true",
+        help="move damaged history (wholly below the snapshot recovery starts from) aside",
     )
     repair_cmd.add_argument(
         "--backup-dir",

@@ -105,8 +105,9 @@ from sepp.core.invariants import InvariantViolation
 from sepp.core.results import CommandError
 from sepp.storage import HOOK_POINTS, Engine, RecoveryError, StorageFailed, StorageOptions
 from sepp.storage.faultfs import MUTATING_OPS, Crasher, FaultyFileSystem, SimulatedCrash
-from tools.refmodel import IN_FLIGHT, READY, SCHEDULED, Model, answer_difference, observe_core
-from tools.refmodel import normalise as normalise_answer
+
+from .refmodel import IN_FLIGHT, READY, SCHEDULED, Model, answer_difference, observe_core
+from .refmodel import normalise as normalise_answer
 
 __all__ = ["SeedResult", "Violation", "main", "run_seed", "run_seeds"]
 

@@ -22,7 +22,10 @@ which a live server's append in progress looks like -- is a warning (exit 0);
 leftover snapshot temp files and stray files are warnings; everything recovery
 refuses (corruption, a damaged sealed segment, gaps, bad headers, a snapshot newer
 than the log or disagreeing with it, a record that does not decode or apply) is
-an error (exit 1).
+an error (exit 1). Damage wholly below the snapshot recovery starts from (rows 15,
+16: `tools.history`) is `ERROR damaged-history`: recovery starts past it, but the
+disk damaged the log all the same (as `snapshot-unusable` for a snapshot recovery
+falls back from); the replay then goes on from that snapshot, as recovery's does.
 
 Speed: the log is read through the replay fast path (`LogWalker(spans=True)`):
 `replay_run` decodes, checks and applies each run of good records in one pass,
@@ -68,6 +71,7 @@ from sepp.storage.replay import (
 )
 
 from .datadir import ERROR, INFO, WARNING, DataDir, Problem, SnapshotFile
+from .history import HISTORY_KINDS, HistoryJudge, RecoveryBase, recovery_base
 from .output import Emitter, format_bytes, format_time_ms
 from .segments import CHUNK_BYTES, LogWalker, SegmentStart, Span
 from .states import (
@@ -267,6 +271,7 @@ def verify(
         data_dir, resync=True, chunk_bytes=chunk_bytes, on_bytes=on_bytes, spans=fast_path
     )
     log = _LogPass(report, state, base.seq, pending)
+    judge: HistoryJudge | None = None
     with paused_gc():
         for item in walker.walk():
             if type(item) is Span:
@@ -274,6 +279,15 @@ def verify(
             elif type(item) is Record:
                 log.record(item)
             elif type(item) is Problem:
+                if item.severity == ERROR and item.kind in HISTORY_KINDS:
+                    # Damage wholly below the snapshot recovery starts from is
+                    # history (recovery rows 15, 16): said so, and the replay
+                    # goes on from that snapshot, as recovery's does.
+                    if judge is None:
+                        judge = HistoryJudge(data_dir, recovery_base(data_dir))
+                    if judge.is_history(item):
+                        item = judge.describe(item)
+                        log.rebase(judge.base)
                 report.add(item)
             elif type(item) is SegmentStart:
                 report.segments += 1
@@ -355,6 +369,36 @@ class _LogPass:
         # record that passed (-1: none yet).
         self.checks = RunChecks(_EVENT_CHECKS)
         self.segment_rel = ""
+
+    def rebase(self, base: RecoveryBase) -> None:
+        """Damaged history below `base` (the snapshot recovery starts from): the
+        replay restarts from that snapshot unless it is there already."""
+        if base.snapshot is None or base.state is None or self.base_seq >= base.seq:
+            return
+        report = self.report
+        self.state = base.state
+        self.base_seq = base.seq
+        self.next_apply = base.seq + 1
+        report.replay_from = base.seq
+        report.replay_from_snapshot = base.snapshot.rel
+        report.replay_stopped = None
+        report.replayed_to = None
+        while self.pending and self.pending[0].last_seq <= base.seq:
+            snap = self.pending.pop(0)
+            if snap.rel == base.snapshot.rel:
+                _check_alone(
+                    report,
+                    snap,
+                    "the replay restarts from this snapshot after damaged history: only its "
+                    "internal consistency was checked",
+                    loaded=base.state,
+                    verdict="base",
+                )
+            else:
+                _check_alone(
+                    report, snap, "not compared with the log: damaged history lies before it"
+                )
+        self.next_snapshot = self.pending[0].last_seq if self.pending else _NEVER
 
     def stop(self, why: str) -> None:
         if self.next_apply != _NEVER:
