@@ -667,9 +667,7 @@ def _decide_release(state: State, cmd: Release, now: int) -> Decision | CommandE
     if isinstance(job, CommandError):
         return job
     event = _new_tuple(JobReleased, (job.job_id, job.attempt, cmd.worker_id))
-    return _new_tuple(
-        Decision, ((event,), now, ReleaseResult(job.job_id), frozenset((job.queue,)))
-    )
+    return _new_tuple(Decision, ((event,), now, ReleaseResult(job.job_id), frozenset((job.queue,))))
 
 
 def retry_delay_ms(policy: QueuePolicy, job_id: str, attempt: int) -> int:

@@ -264,9 +264,7 @@ async def test_a_half_close_answers_parked_reserves_empty_and_they_never_get_a_j
     assert (await producer.ack(delivered)).status == "ok"
 
 
-async def test_a_withdrawn_reserve_is_answered_empty_before_the_withdraw(
-    sepp_server, queue_names
-):
+async def test_a_withdrawn_reserve_is_answered_empty_before_the_withdraw(sepp_server, queue_names):
     worker = await connect(sepp_server.address)
     q = next(queue_names)
     waiting = await park(worker, [q], wait_ms=60_000)
@@ -315,7 +313,10 @@ async def test_a_withdraw_without_a_request_id_is_invalid_argument(sepp_server):
 
 
 async def release(client: RawClient, delivered: dict, attempt: int | None = None):
-    body = {"job_id": delivered["id"], "attempt": delivered["attempt"] if attempt is None else attempt}
+    body = {
+        "job_id": delivered["id"],
+        "attempt": delivered["attempt"] if attempt is None else attempt,
+    }
     return await client.call("release", body)
 
 
@@ -525,6 +526,7 @@ async def test_jobs_whose_reserve_answer_cannot_be_written_are_ready_again_at_on
             held.release.set()
         if parked:
             assert (await producer.response(sent)).status == "ok"
+
         # The answer could not be written: the job was delivered to nobody, so it
         # is Ready as soon as the server finds that out (when the answer falls
         # due) -- not In-flight until its 10-minute lease lapses, and its only
