@@ -327,8 +327,9 @@ class Worker:
     instead of burning their attempts within milliseconds. On a job's last
     attempt, where a nack would dead-letter it, the job is held (its lease
     renewed) for that delay, at most a minute, and then released without
-    counting the attempt, if the client supports `release`. A WARNING is logged
-    once per unknown type.
+    counting the attempt, if the client supports `release` (a held job takes one
+    of the `max_in_flight` slots meanwhile). A WARNING is logged once per
+    unknown type.
 
     `max_in_flight` (default 16) bounds concurrent handlers. Lease renewal is on
     by default (`auto_extend=True`, like BullMQ's lock renewal): while a handler
