@@ -94,7 +94,7 @@ NO_HANDLER_REASON = "no handler registered for this job_type"
 # worker has the new code) is nacked with this delay, doubled per attempt up to
 # NO_HANDLER_DELAY_MAX: spread out over minutes instead of burning its attempts
 # within milliseconds. On its last attempt, where a nack would dead-letter it,
-# it is held for that long and released instead when the client can release.
+# it is held for that long and then released (the attempt is not counted).
 NO_HANDLER_DELAY = timedelta(seconds=10)
 NO_HANDLER_DELAY_MAX = timedelta(minutes=10)
 NO_HANDLER_HOLD_MAX = timedelta(minutes=1)
@@ -327,8 +327,8 @@ class Worker:
     instead of burning their attempts within milliseconds. On a job's last
     attempt, where a nack would dead-letter it, the job is held (its lease
     renewed) for that delay, at most a minute, and then released without
-    counting the attempt, if the client supports `release` (a held job takes one
-    of the `max_in_flight` slots meanwhile). A WARNING is logged once per
+    counting the attempt (`SeppClient.release`; a held job takes one of the
+    `max_in_flight` slots meanwhile). A WARNING is logged once per
     unknown type.
 
     `max_in_flight` (default 16) bounds concurrent handlers. Lease renewal is on
@@ -824,8 +824,7 @@ class Worker:
         in a burst, and on its last attempt do not dead-letter it when it can
         be released instead."""
         self._warn_no_handler_once(ctx)
-        release = getattr(self._client, "release", None)
-        if ctx.attempt < ctx.max_attempts or release is None:
+        if ctx.attempt < ctx.max_attempts:
             delay = self._no_handler_backoff(ctx)
             logger.info(
                 "job %s: no handler for job_type %r; retrying in %s", ctx.id, ctx.job_type, delay
@@ -861,13 +860,10 @@ class Worker:
         await self._release(ctx)
 
     async def _release(self, ctx: JobCtx) -> bool:
-        """Hand the job back without counting its attempt (when the client can);
-        True if it was released."""
-        release = getattr(self._client, "release", None)
-        if release is None:
-            return False
+        """Hand the job back without counting its attempt; True if it was
+        released."""
         try:
-            await release(ctx)
+            await self._client.release(ctx)
         except SeppError as exc:
             logger.warning(
                 "could not release job %s (it comes back when its lease expires): %s", ctx.id, exc
