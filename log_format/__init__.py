@@ -85,11 +85,13 @@ from log_format.records import (
     Record,
     ScanItem,
     TornTail,
+    UnsyncedHole,
     encode_record,
     encode_record_header,
     find_next_valid_record,
     scan_records,
     scan_snapshot_records,
+    unsynced_hole,
 )
 
 __all__ = [
@@ -144,6 +146,7 @@ __all__ = [
     "SnapshotHeader",
     "SnapshotItem",
     "TornTail",
+    "UnsyncedHole",
     "ValidEnvelopes",
     "decode_envelope",
     "decode_segment_header",
@@ -164,5 +167,6 @@ __all__ = [
     "segment_file_name",
     "snapshot_file_name",
     "unmask_crc",
+    "unsynced_hole",
     "validate_event",
 ]

@@ -1,11 +1,15 @@
 """The event envelope: the msgpack body of a command record (record kind 1).
 
-Owns: the envelope layout `[envelope_version, time_ms, command_kind, events]`, the
-command kinds, `encode_envelope` and `decode_envelope` (FORMAT.md "Envelope").
+Owns: the envelope layout `[envelope_version, time_ms, command_kind, events]`
+(version 1) and `[2, time_ms, command_kind, events, synced_seq]` (version 2: what
+sepp writes; `synced_seq` is the highest sequence number the writer knew to be
+synced when it encoded the record, FORMAT.md 5.3 says why), the command kinds,
+`encode_envelope` and `decode_envelope` (FORMAT.md "Envelope").
 
 Promises: `decode_envelope` accepts exactly one msgpack array of that shape --
-version 1, a non-negative int time, a known command kind, an array of event arrays
-each holding at least a type id and a version -- with no trailing bytes, and raises
+version 1 or 2, a non-negative int time, a known command kind, an array of event
+arrays each holding at least a type id and a version, and for version 2 a
+non-negative int `synced_seq` -- with no trailing bytes, and raises
 `FormatError` for anything else, including every exception msgpack can raise on bad
 input. It does *not* check each event's fields against the catalogue: that costs
 microseconds per event and belongs to `sepp-log verify` (`catalogue.validate_event`);
@@ -44,12 +48,16 @@ __all__ = [
     "COMMAND_RESERVE",
     "COMMAND_SWEEP",
     "ENVELOPE_VERSION",
+    "ENVELOPE_VERSION_1",
     "Envelope",
     "decode_envelope",
     "encode_envelope",
 ]
 
-ENVELOPE_VERSION = 1
+# The version sepp writes: version 1 plus `synced_seq`. Version 1 (no synced_seq) is
+# still read, and written by `encode_envelope` for a caller that knows no synced seq.
+ENVELOPE_VERSION = 2
+ENVELOPE_VERSION_1 = 1
 
 COMMAND_ENQUEUE = 1  # best-effort batch: each job stands alone
 COMMAND_ENQUEUE_ATOMIC = 2  # all jobs of the batch or none
@@ -88,6 +96,9 @@ class Envelope(NamedTuple):
     time_ms: int
     command_kind: int
     events: list[list[Any]]
+    # Version 2: the highest seq synced when the record was written; None: version 1
+    # (the record does not say).
+    synced_seq: int | None = None
 
 
 # Everything msgpack can raise on bad input: its own exceptions (ExtraData,
@@ -125,13 +136,18 @@ def _packer() -> Callable[[Any], bytes]:
     return pack
 
 
-def encode_envelope(time_ms: object, command_kind: object, events: object) -> bytes:
+def encode_envelope(
+    time_ms: object, command_kind: object, events: object, synced_seq: object = None
+) -> bytes:
     """The body of one command record: all events of one command, in order.
 
     `time_ms` an int >= 0, `command_kind` a known command kind, `events` a list of
     event lists; typed `object` because it checks them itself (a compiled build
-    would convert a declared int before the check: True to 1). Raises ValueError
-    for a bad time or command kind or an event that is not a list of at least
+    would convert a declared int before the check: True to 1). `synced_seq`: the
+    highest seq known synced when the record is written (an int >= 0, below the
+    record's own seq: the caller's promise) gives a version 2 envelope; None a
+    version 1 envelope, which claims nothing. Raises ValueError for a bad time,
+    command kind or synced_seq or an event that is not a list of at least
     [type_id, version]; msgpack's TypeError / OverflowError for values it cannot
     encode. Field values are not checked against the catalogue here."""
     if type(time_ms) is not int or time_ms < 0:
@@ -143,7 +159,11 @@ def encode_envelope(time_ms: object, command_kind: object, events: object) -> by
     for event in events:
         if type(event) is not list or len(event) < 2:
             raise ValueError(f"an event must be a list [type_id, version, ...]: {event!r:.80}")
-    return _packer()([ENVELOPE_VERSION, time_ms, command_kind, events])
+    if synced_seq is None:
+        return _packer()([ENVELOPE_VERSION_1, time_ms, command_kind, events])
+    if type(synced_seq) is not int or synced_seq < 0:
+        raise ValueError(f"synced_seq must be a non-negative int, got {synced_seq!r:.40}")
+    return _packer()([ENVELOPE_VERSION, time_ms, command_kind, events, synced_seq])
 
 
 def decode_envelope(body: BytesLike) -> Envelope:
@@ -156,13 +176,20 @@ def decode_envelope(body: BytesLike) -> Envelope:
         raise FormatError("trailing bytes after envelope") from exc
     except _MSGPACK_ERRORS as exc:
         raise FormatError("envelope is not valid msgpack") from exc
-    if type(obj) is not list or len(obj) != 4:
-        raise FormatError("envelope is not an array of 4 elements")
-    version, time_ms, command_kind, events = obj
+    if type(obj) is not list or not 4 <= len(obj) <= 5:
+        raise FormatError("envelope is not an array of 4 or 5 elements")
+    version = obj[0]
     # `type(x) is int` and not isinstance: msgpack's true/false decode to bool, a
     # subclass of int, and must not pass for a number.
-    if type(version) is not int or version != ENVELOPE_VERSION:
+    if type(version) is not int or not ENVELOPE_VERSION_1 <= version <= ENVELOPE_VERSION:
         raise FormatError(f"unsupported envelope version {version!r:.40}")
+    size = 4 if version == ENVELOPE_VERSION_1 else 5
+    if len(obj) != size:
+        raise FormatError(f"envelope version {version} is not an array of {size} elements")
+    time_ms = obj[1]
+    command_kind = obj[2]
+    events = obj[3]
+    synced_seq = obj[4] if size == 5 else None
     if type(time_ms) is not int or time_ms < 0:
         raise FormatError(f"bad envelope time_ms {time_ms!r:.40}")
     if type(command_kind) is not int or command_kind not in COMMAND_KINDS:
@@ -172,5 +199,7 @@ def decode_envelope(body: BytesLike) -> Envelope:
     for event in events:
         if type(event) is not list or len(event) < 2:
             raise FormatError("event is not an array of at least 2 elements")
-    envelope: Envelope = _tuple_new(Envelope, (time_ms, command_kind, events))
+    if size == 5 and (type(synced_seq) is not int or synced_seq < 0):
+        raise FormatError(f"bad envelope synced_seq {synced_seq!r:.40}")
+    envelope: Envelope = _tuple_new(Envelope, (time_ms, command_kind, events, synced_seq))
     return envelope

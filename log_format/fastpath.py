@@ -39,7 +39,7 @@ from crc32c import crc32c
 
 from log_format._bytes import BytesLike, byte_view
 from log_format.crc import CRC_MASK_DELTA
-from log_format.envelope import COMMAND_KINDS, ENVELOPE_VERSION, _reject_ext
+from log_format.envelope import COMMAND_KINDS, ENVELOPE_VERSION, ENVELOPE_VERSION_1, _reject_ext
 from log_format.records import RECORD_BODY_BYTES_MAX, RECORD_HEADER_BYTES, RECORD_KIND_COMMAND
 
 # header_crc, body_crc, body_len, kind word (kind byte + 3 reserved zero bytes), seq
@@ -50,7 +50,9 @@ _ROTATE = 0x100000001
 
 class ValidEnvelopes:
     """`for envelope in ValidEnvelopes(buf, start_offset=32, expected_seq=n)`:
-    each envelope is the decoded list `[version, time_ms, command_kind, events]`.
+    each envelope is the decoded list `[version, time_ms, command_kind, events]`
+    (version 1) or `[2, time_ms, command_kind, events, synced_seq]` (version 2): a
+    consumer reads `[1]` and `[3]`, the same in both.
     `until_seq`: stop before any record with a later seq (None: no limit)."""
 
     __slots__ = ("_buf", "_until", "offset", "seq")
@@ -83,6 +85,7 @@ class ValidEnvelopes:
         body_max = RECORD_BODY_BYTES_MAX
         kind_word = RECORD_KIND_COMMAND  # reserved bytes must be zero
         version = ENVELOPE_VERSION
+        version_1 = ENVELOPE_VERSION_1
         kinds = COMMAND_KINDS
         reject_ext = _reject_ext
         # The seq limit costs one comparison per record; without one, `last` is past
@@ -111,14 +114,23 @@ class ValidEnvelopes:
                     envelope = unpackb(body, raw=False, strict_map_key=False, ext_hook=reject_ext)
                     if type(envelope) is not list:
                         return
-                    envelope_version, time_ms, command_kind, events = envelope
+                    if len(envelope) == 5:
+                        envelope_version, time_ms, command_kind, events, synced = envelope
+                        # Version 2's synced_seq: a non-negative int (the reader's
+                        # check; what it claims matters only next to damage).
+                        if type(synced) is not int or synced < 0:
+                            return
+                        expected_version = version
+                    else:
+                        envelope_version, time_ms, command_kind, events = envelope
+                        expected_version = version_1
                 except Exception:
                     return  # scan_records + decode_envelope will say what is wrong
                 # `type(x) is int`: msgpack's true/false (and floats) must not pass
                 # for a version, a time or a command kind (as in decode_envelope).
                 if (
                     type(envelope_version) is not int
-                    or envelope_version != version
+                    or envelope_version != expected_version
                     or type(time_ms) is not int
                     or time_ms < 0
                     or type(command_kind) is not int

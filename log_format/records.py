@@ -3,7 +3,9 @@
 Owns: the 24-byte record header (FORMAT.md "Records"), the record kinds, the writer
 side (`encode_record`, `encode_record_header`), and the reader side: `scan_records`,
 which walks a buffer of back-to-back records and *classifies* each thing it meets,
-and `scan_snapshot_records`, which adds the snapshot file's structure on top.
+`scan_snapshot_records`, which adds the snapshot file's structure on top, and
+`unsynced_hole`, which reads what the valid records after checksum damage say about
+it (a hole in the unsynced tail, or corruption: FORMAT.md 5.4).
 
 Promises (LevelDB's `log_reader`, adapted): the scanner never truncates, repairs or
 raises on damage. It yields zero or more `Record`s and then exactly one terminal
@@ -39,6 +41,8 @@ from crc32c import crc32c
 
 from log_format._bytes import BytesLike, all_zero, byte_view
 from log_format.crc import CRC_MASK_DELTA, masked_crc32c
+from log_format.envelope import decode_envelope
+from log_format.errors import FormatError
 from log_format.files import FILE_HEADER_BYTES
 
 # TornTail's reason for zeros from a record boundary to the end (rule 3): what a
@@ -65,11 +69,13 @@ __all__ = [
     "Record",
     "ScanItem",
     "TornTail",
+    "UnsyncedHole",
     "encode_record",
     "encode_record_header",
     "find_next_valid_record",
     "scan_records",
     "scan_snapshot_records",
+    "unsynced_hole",
 ]
 
 RECORD_HEADER_BYTES = 24
@@ -166,6 +172,19 @@ class Corruption:
 
 
 ScanItem: TypeAlias = Record | CleanEnd | TornTail | Corruption
+
+
+@dataclass(frozen=True, slots=True)
+class UnsyncedHole:
+    """What `unsynced_hole` found after checksum damage at `offset` (where the
+    record with `seq` should start): `records` valid records after it, every one of
+    which says that `seq` had not been synced when it was written -- the highest
+    synced seq any of them claims is `synced_seq` (< `seq`)."""
+
+    offset: int
+    seq: int
+    records: int
+    synced_seq: int
 
 
 # ---------------------------------------------------------------- writer
@@ -377,6 +396,94 @@ def find_next_valid_record(
             return best
         chunk_start = chunk_end
     return None
+
+
+# ---------------------------------------------------------------- holes
+
+
+def _valid_record_at(view: memoryview, off: int, kinds: frozenset[int]) -> tuple[int, int] | None:
+    """(seq, end offset) of a complete, valid record starting at `off`, else None."""
+    found_seq = _valid_seq_at(view, off, kinds)
+    if found_seq is None:
+        return None
+    body_len: int = _U32.unpack_from(view, off + 8)[0]
+    return found_seq, off + RECORD_HEADER_BYTES + body_len
+
+
+def _synced_claim(view: memoryview, off: int, end: int) -> int | None:
+    """The synced_seq a valid command record at `off` claims (version 2 envelope),
+    else None: a version 1 envelope, or a body that does not decode, says nothing."""
+    try:
+        return decode_envelope(view[off + RECORD_HEADER_BYTES : end]).synced_seq
+    except FormatError:
+        return None
+
+
+def unsynced_hole(
+    buf: BytesLike,
+    *,
+    offset: int,
+    seq: int,
+    kinds: Iterable[int] = WAL_RECORD_KINDS,
+) -> UnsyncedHole | None:
+    """Whether checksum damage at `offset` (where a record with `seq` should start;
+    rules 5 and 14 of FORMAT.md 5.1: a bad header or body checksum *followed by a
+    valid record*) is a hole in the unsynced tail, as out-of-order writeback leaves
+    one at a power loss (FORMAT.md 5.4).
+
+    It is, when every valid record after the damage (searched as in 5.2: seq >=
+    `seq`, or `seq + 1` after a damaged body) is a command record whose version 2
+    envelope claims a `synced_seq` below `seq`: each was written before the damaged
+    record was ever synced, so none of them, nor the damaged one, can have been
+    acknowledged through a sync. Returns the evidence, or None when any such record
+    claims `seq` synced (synced data is gone: corruption), claims nothing (a version
+    1 envelope, a body that does not decode), or when there is no checksum damage at
+    `offset` or no valid record after it. The caller decides (sepp truncates such a
+    hole only at the end of the last segment, above every snapshot). Cost: one pass
+    over the rest of the buffer, on damage only."""
+    view = byte_view(buf)
+    kind_set = _check_kinds(kinds)
+    if not kind_set <= WAL_RECORD_KINDS:
+        return None  # only command records carry a claim
+    end = len(view)
+    if offset < 0 or end - offset < RECORD_HEADER_BYTES:
+        return None
+    header_crc, _body_crc, body_len, kind_word, found_seq = _HEADER.unpack_from(view, offset)
+    if masked_crc32c(view[offset + 4 : offset + RECORD_HEADER_BYTES]) != header_crc:
+        start, min_seq = offset + 1, seq  # rule 5
+    else:
+        body_end = offset + RECORD_HEADER_BYTES + body_len
+        if (
+            _header_problem(kind_word, body_len, kind_set) is not None
+            or found_seq != seq
+            or body_end > end
+            or _valid_seq_at(view, offset, kind_set) is not None
+        ):
+            return None  # not checksum damage: rules 7..13, or no damage at all
+        start, min_seq = body_end, seq + 1  # rule 14
+    records = 0
+    highest = -1
+    while True:
+        found = find_next_valid_record(view, start=start, min_seq=min_seq, kinds=kind_set)
+        if found is None:
+            break
+        off = found[0]
+        # The records that follow a found one back to back are read in place; the
+        # search runs again only after more damage.
+        while True:
+            record = _valid_record_at(view, off, kind_set)
+            if record is None or record[0] < min_seq:
+                break
+            claim = _synced_claim(view, off, record[1])
+            if claim is None or claim >= seq:
+                return None
+            records += 1
+            highest = max(highest, claim)
+            off = record[1]
+        start = off
+    if records == 0:
+        return None
+    return UnsyncedHole(offset, seq, records, highest)
 
 
 # ---------------------------------------------------------------- snapshots

@@ -64,6 +64,7 @@ from log_format import (
     masked_crc32c,
     read_segment,
     scan_records,
+    unsynced_hole,
 )
 
 from .datadir import ERROR, INFO, WARNING, DataDir, Problem, SegmentFile
@@ -556,6 +557,12 @@ class LogWalker:
                 elif type(item) is Corruption:
                     self._end_known = False
                     seq = item.seq if item.seq is not None else expected_here
+                    hole = self._hole(segment, is_last, item, expected_here)
+                    if hole is not None:
+                        # Recovery cuts the hole and everything after it (rows 19
+                        # and 20 of its table): nothing after it is read on.
+                        yield hole
+                        return
                     kind = "sequence-gap" if item.reason.startswith("sequence ") else "corruption"
                     yield Problem(ERROR, kind, segment.rel, item.offset, seq, item.reason)
         except FileNotFoundError:
@@ -567,6 +574,34 @@ class LogWalker:
                 expected_here,
                 "segment file disappeared while reading (deleted by a live server's retention?): run again",
             )
+
+    def _hole(
+        self, segment: SegmentFile, is_last: bool, damage: Corruption, seq: int
+    ) -> Problem | None:
+        """A warning if `damage` is a hole in the unsynced tail that recovery would
+        truncate (its rows 19, 20: the last segment, above every snapshot, and the
+        valid records after the hole all say it was never synced), else None."""
+        if not is_last or seq <= max((s.last_seq for s in self.data_dir.snapshots), default=0):
+            return None
+        try:
+            with open(segment.path, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            return None
+        hole = unsynced_hole(data, offset=damage.offset, seq=seq)
+        if hole is None:
+            return None
+        return Problem(
+            WARNING,
+            "torn-tail",
+            segment.rel,
+            damage.offset,
+            seq,
+            f"unsynced hole ({damage.reason}): recovery would truncate the last "
+            f"{len(data) - damage.offset} bytes -- the {hole.records} valid record(s) after "
+            f"it were written before seq {seq} was synced (claimed synced up to seq "
+            f"{hole.synced_seq}): out-of-order writeback of the unsynced tail at a power loss",
+        )
 
     @staticmethod
     def _torn(segment: SegmentFile, is_last: bool, torn: TornTail, seq: int) -> Problem:

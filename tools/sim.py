@@ -15,8 +15,13 @@ Faults, one per cycle, chosen by the seed:
 - **power loss** at a random moment: between batches, right before the n-th
   file operation (mid-write, between write and sync, mid-rotation, mid-snapshot,
   mid-retention) or at the n-th hit of a named storage hook point; the file
-  system then drops everything not synced, optionally keeping a torn prefix of
-  the unsynced bytes (`FaultyFileSystem.crash(tear=...)`);
+  system then drops everything not synced, or keeps a torn prefix of the
+  unsynced bytes (`FaultyFileSystem.crash(tear=...)`), or -- as page-cache
+  writeback does -- any subset of the unsynced 4 KiB pages, each whole or torn,
+  so that a hole can come before records that survived (`crash(pages=...)`;
+  recovery must cut such a hole, never an acknowledged record); and a
+  **writeback** power loss: a large batch dies between its write and its sync,
+  and its pages reach the disk out of order;
 - **process kill** at the same kinds of moments: the process dies, the file
   system keeps every byte written (the page cache survives a SIGKILL);
 - **a crash during recovery** itself (then recovery again);
@@ -416,7 +421,7 @@ class Sim:
                 # Died while recovering: recovery must be repeatable.
                 self.stats["crashed_in_recovery"] += 1
                 if self.rng.random() < 0.5:
-                    self.fs.crash(self.rng, tear=True)
+                    self.fs.crash(self.rng, tear=True, pages=self.rng.random() < 0.5)
                     self.power_lost_in_recovery = True
                 self.crasher.reset()
 
@@ -424,12 +429,15 @@ class Sim:
         self.synced_seq = max(self.synced_seq, seq)
         self.model.advance_base(self.synced_seq)
 
-    def step(self) -> None:
-        """One batch: commands (each compared with the model), one flush, perhaps
-        a sync or a snapshot, then the whole state compared with the model.
+    def step(self, commands: int | None = None) -> None:
+        """One batch: commands (each compared with the model; `commands` of them,
+        else a random number), one flush, perhaps a sync or a snapshot, then the
+        whole state compared with the model.
         Raises SimulatedCrash (the process died) or StorageFailed."""
         engine, rng, model = self.engine, self.rng, self.model
-        for _ in range(rng.randrange(1, self.commands_max + 1)):
+        if commands is None:
+            commands = rng.randrange(1, self.commands_max + 1)
+        for _ in range(commands):
             self.now = self.workload.advance(self.now)
             command, on_model = self.workload.command(model.live, self.now)
             decision, barrier = engine.execute(command, self.now)
@@ -482,12 +490,17 @@ class Sim:
                 return True
         return False
 
-    def restart(self, *, power_loss: bool, tear: bool) -> None:
-        """The process is gone; a new one recovers the data directory."""
+    def restart(self, *, power_loss: bool, tear: bool, pages: bool | None = None) -> None:
+        """The process is gone; a new one recovers the data directory. A torn power
+        loss keeps an in-order prefix of the unsynced writes, or (`pages`; None: a
+        coin decides) their pages out of order."""
         self.crasher.dead = True
         _kill(self.engine)
         if power_loss:
-            self.fs.crash(self.rng, tear=tear)
+            if pages is None:
+                pages = tear and self.rng.random() < 0.5
+            self.stats["power_loss_pages"] += pages
+            self.fs.crash(self.rng, tear=tear, pages=pages)
             released = self.synced_seq
         else:
             released = self.written_seq
@@ -517,6 +530,7 @@ class Sim:
         self.stats["kept_in_doubt"] += seq > released
         self.stats["lost_in_doubt"] += seq < appended
         self.stats["truncated"] += engine.recovery_report.truncated is not None
+        self.stats["cut_unsynced_hole"] += engine.recovery_report.unsynced_hole is not None
         self.model.recovered(seq)
         self.written_seq = self.synced_seq = seq
         try:
@@ -536,8 +550,17 @@ class Sim:
     def cycle(self) -> None:
         rng = self.rng
         fault = rng.choices(
-            ("between", "op", "point", "error", "full", "flip_segment", "flip_snapshot"),
-            weights=(20, 35, 20, 10, 5, 6, 4),
+            (
+                "between",
+                "op",
+                "point",
+                "error",
+                "full",
+                "flip_segment",
+                "flip_snapshot",
+                "writeback",
+            ),
+            weights=(20, 35, 20, 10, 5, 6, 4, 10),
         )[0]
         self.stats[f"fault_{fault}"] += 1
         if fault == "between":
@@ -556,6 +579,16 @@ class Sim:
             if self.run_until_crash(60):
                 self.stats[f"died_at_{point}"] += 1
             self.restart(power_loss=rng.random() < 0.6, tear=rng.random() < 0.5)
+        elif fault == "writeback":
+            for _ in range(rng.randrange(0, 4)):
+                self.step()
+            # A batch of several 4 KiB pages dies between its write and its sync;
+            # its pages (and in buffer mode earlier unsynced ones) reach the disk
+            # out of order: a hole can come before records that survived.
+            self.crasher.arm_point("wal.after_write", 1)
+            with contextlib.suppress(SimulatedCrash):
+                self.step(commands=rng.randrange(8, 80))
+            self.restart(power_loss=True, tear=True, pages=True)
         elif fault in ("error", "full"):
             self.disk_error(full=fault == "full")
         elif fault == "flip_segment":

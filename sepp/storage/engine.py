@@ -251,8 +251,16 @@ class Engine:
         record = encode_record(
             seq,
             RECORD_KIND_COMMAND,
-            # [type, version, *fields]: events.to_fields, inlined (hot path).
-            encode_envelope(time_ms, command.kind, [[e.TYPE, e.VERSION, *e] for e in events]),
+            # [type, version, *fields]: events.to_fields, inlined (hot path). The
+            # writer's synced seq (read now, so at most what was synced when the
+            # record is written) is the record's claim of what was durable before
+            # it: recovery tells an unsynced hole from lost synced data by it.
+            encode_envelope(
+                time_ms,
+                command.kind,
+                [[e.TYPE, e.VERSION, *e] for e in events],
+                self._writer.synced_seq,
+            ),
         )
         try:
             if time_ms > state.clock_ms:

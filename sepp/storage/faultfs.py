@@ -4,9 +4,14 @@
 Owns: `FaultyFileSystem`, a fake of the `fs.FileSystem` seam that remembers what
 is durable and what is not, and can
 
-- **crash**: forget every byte written since the file's last sync (optionally
-  keeping a torn prefix of it), and forget every create, rename and remove whose
-  directory was not synced since;
+- **crash** (a power loss): forget every create, rename and remove whose directory
+  was not synced since, and of every file's bytes written since its last sync keep
+  nothing (the default), an in-order prefix cut at a random byte (`tear`: a torn
+  last write), or -- like the page cache's writeback -- any subset of the touched
+  4 KiB pages, in no particular order (`pages`: each page independently reaches
+  the disk whole, not at all, or torn: a random prefix of it new, the rest as it
+  was; the file's size may reach the disk without its data, which then reads as
+  zeros). Bytes synced before the crash are never changed by it;
 - **fail** a chosen operation with an `OSError` (ENOSPC, EIO, ...), once or for good;
 - **run a hook** before every operation (tests raise `SimulatedCrash` from it to
   stop the process at an exact point: between write and sync, mid-rotation, ...);
@@ -15,8 +20,14 @@ is durable and what is not, and can
 and `Crasher`, the hook that kills the simulated process before the n-th mutating
 file operation or at the n-th hit of a storage hook point.
 
-Promises: the model is stricter than ext4 (a new file's directory entry is lost
-unless its directory is synced), so code that survives it survives real disks.
+Promises: what a crash may leave is a superset of what ext4 (the default
+data=ordered mode) leaves of the operations it models: ext4 usually persists a new
+file's directory entry with the file's data, here it is lost unless the directory
+was synced; ext4 writes unsynced pages back in any order and a power cut can tear
+one, here (`pages`) any subset survives, each possibly torn. So code that survives
+this model survives those crashes on real disks. Not modelled: stale blocks of
+deleted files showing through (ext4 data=writeback, XFS), torn sectors other than
+a page's prefix, and damage to synced data (that is `flip_bit`'s job).
 
 Must not import: asyncio, sockets.
 """
@@ -29,6 +40,9 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# The unit of page-cache writeback (`crash(pages=True)`): x86-64's page size.
+PAGE_BYTES = 4096
 
 
 class SimulatedCrash(BaseException):
@@ -105,6 +119,41 @@ class _Inode:
     def synced(self) -> None:
         self.durable = bytes(self.data)
         self.pending.clear()
+
+
+def writeback_pages(
+    durable: bytes, current: bytes, pending: list[tuple[int, bytes]], rng: random.Random
+) -> bytearray:
+    """What a power loss leaves of a file whose synced content is `durable` and
+    whose content in the page cache is `current`, after the unsynced writes
+    `pending` ((offset, bytes), in order): every 4 KiB page they touched reaches
+    the disk on its own -- whole (a third of the time), not at all (a third), or
+    torn (a random prefix of its current bytes, the rest as synced) -- so a lost or
+    torn page can come before a page that was kept. The file's new size reaches the
+    disk or not, or a size in between; what no kept page covers reads as the synced
+    bytes, zeros past them. Never shorter than `durable`, and a byte that `pending`
+    did not change is the synced one."""
+    size = len(current)
+    if size > len(durable):
+        size = rng.choice((len(durable), size, rng.randrange(len(durable), size + 1)))
+    out = bytearray(durable[:size])
+    out += bytes(size - len(out))
+    touched: set[int] = set()
+    for offset, data in pending:
+        if data:
+            touched.update(range(offset // PAGE_BYTES, (offset + len(data) - 1) // PAGE_BYTES + 1))
+    for page in sorted(touched):
+        start = page * PAGE_BYTES
+        end = min(start + PAGE_BYTES, size)
+        if start >= end:
+            continue
+        fate = rng.randrange(3)
+        if fate == 0:
+            out[start:end] = current[start:end]
+        elif fate == 2:
+            cut = rng.randrange(start, end + 1)
+            out[start:cut] = current[start:cut]
+    return out
 
 
 @dataclass
@@ -194,17 +243,24 @@ class FaultyFileSystem:
     def clear_faults(self) -> None:
         self._faults.clear()
 
-    def crash(self, rng: random.Random | None = None, *, tear: bool = False) -> None:
+    def crash(
+        self, rng: random.Random | None = None, *, tear: bool = False, pages: bool = False
+    ) -> None:
         """Lose everything that was not durable. With `tear`, each file keeps a
-        random prefix of its unsynced bytes, as a torn last write would."""
+        random prefix of its unsynced bytes, as a torn last write would. With
+        `pages` (and `rng`), each file keeps a random subset of its unsynced pages
+        instead, each whole or torn, in no order (`writeback_pages`)."""
         for d in self._dirs.values():
             d.entries = dict(d.durable)
             inodes = {id(i): i for i in d.entries.values()}
             for inode in inodes.values():
                 pending = inode.pending
+                current = bytes(inode.data)
                 inode.data = bytearray(inode.durable)
                 inode.pending = []
-                if tear and rng is not None and pending:
+                if pages and rng is not None and pending:
+                    inode.data = writeback_pages(inode.durable, current, pending, rng)
+                elif tear and rng is not None and pending:
                     # A torn crash: the writes since the last sync reach the disk
                     # in order up to a random one, which is cut at a random byte.
                     torn = rng.randrange(len(pending))

@@ -12,7 +12,7 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 4 | a torn record or a zero-filled tail (the writer's preallocated space) at the end of the **last** segment | truncate it (a crash mid-append, never acknowledged) |
 | 5 | a last segment whose header is torn (a prefix of the magic) and holds nothing else, or that is all zeros | remove it (a crash mid-rotation, before any record) |
 | 6 | damage (torn or not) in a **sealed** segment | refuse to start |
-| 7 | a bad record followed by valid ones, anywhere | refuse to start |
+| 7 | a bad record followed by valid ones, anywhere (but row 19) | refuse to start |
 | 8 | a sequence gap or repeat, inside a segment or between segments | refuse to start |
 | 9 | a bad segment header (not rows 5) or a name/header mismatch | refuse to start |
 | 10 | a snapshot newer than the log | refuse to start |
@@ -24,6 +24,9 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 16 | records missing between two segments, wholly below the snapshot recovery starts from | start and report it as damaged history (row 15) |
 | 17 | damage in a segment that also holds records after the snapshot recovery starts from, or in the **last** segment (the one appended to) | refuse to start (rows 6-9): those records are state |
 | 18 | newest snapshot damaged (row 11), the older one used, and log damage above the older snapshot (covered only by the damaged one) | refuse to start: the records are lost in both copies; the refusal names the damaged snapshot |
+
+| 19 | a record with a bad checksum in the **last** segment, above every snapshot, followed by valid records that all say it was never synced (version 2 envelopes whose `synced_seq` is below its seq): a hole that out-of-order writeback of the unsynced tail leaves at a power loss | truncate at the hole and report it (`unsynced_hole`): nothing from the hole on was acknowledged through a sync |
+| 20 | the same, but a valid record after the hole claims its seq synced, or claims nothing (a version 1 envelope), or the hole is at or below a snapshot (even a damaged one) | refuse to start (row 7): synced data is gone, or nothing shows it was not |
 
 A refusal raises `RecoveryError` with the file, byte offset, sequence number and
 reason, and points the operator at `sepp-log verify`. Nothing is ever skipped
@@ -63,6 +66,7 @@ from log_format import (
     parse_segment_file_name,
     parse_snapshot_file_name,
     scan_records,
+    unsynced_hole,
 )
 from log_format._bytes import all_zero, byte_view
 from sepp.core.config import CoreConfig
@@ -116,6 +120,9 @@ class RecoveryReport:
     truncated: tuple[str, int, int] | None = None  # (path, offset, bytes cut)
     # The last segment's zero-filled tail, cut: (path, offset, bytes cut).
     zero_tail: tuple[str, int, int] | None = None
+    # Row 19: a hole in the unsynced tail, cut with everything after it: (path,
+    # offset, bytes cut, valid records cut after the hole).
+    unsynced_hole: tuple[str, int, int, int] | None = None
     removed_files: list[str] = field(default_factory=list)
     ignored_files: list[str] = field(default_factory=list)
     last_seq: int = 0
@@ -311,6 +318,7 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
         state = State(config)
 
     started = time.perf_counter()
+    snapshots_seq = max((seq for seq, _path in list_snapshots(fs, snap_dir)), default=0)
     segments: list[Segment] = []
     expected = seg_files[0][0] if seg_files else base_seq + 1
     for index, (name_seq, path) in enumerate(seg_files):
@@ -438,7 +446,18 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             )
             expected = history_end + 1
             continue
-        if type(terminal) is TornTail:
+        hole = None
+        if type(terminal) is Corruption and is_last and expected > snapshots_seq:
+            # Rows 19, 20: the records after the damage say whether it was synced
+            # (a snapshot, even a damaged one, says its seq was: it is published
+            # only once the log under it is synced).
+            hole = unsynced_hole(data, offset=terminal.offset, seq=expected)
+        if hole is not None:
+            cut = len(data) - hole.offset
+            fs.truncate(path, hole.offset)
+            segment.size = hole.offset
+            report.unsynced_hole = (path, hole.offset, cut, hole.records)
+        elif type(terminal) is TornTail:
             if not is_last:
                 raise RecoveryError(
                     f"sealed segment ends in damage ({terminal.reason})"

@@ -21,6 +21,10 @@ Promises:
   fit (ENOSPC or EDQUOT on a nearly full disk), whatever part of them was written
   is cut again and the segment goes on without them (logged once); the next
   segment tries again. Only a record that cannot be written fails the log.
+- `synced_seq` is the highest seq whose record is known synced (set only after a
+  sync returned; never ahead of the disk). Records carry it as their claim of what
+  was durable when they were written (FORMAT.md 5.4): recovery tells a hole in the
+  unsynced tail from lost synced data by it.
 - Any OSError is passed up unchanged; the engine makes it a permanent failure. A
   failed sync is never retried (PostgreSQL "fsyncgate": after a failed fsync the
   kernel may have dropped the dirty pages, so a retry can report success falsely).
@@ -114,6 +118,9 @@ class SegmentWriter:
         self._hook = hook or _no_hook
         self._handle: int | None = None
         self._unsynced = False
+        # The highest seq known synced (see the module docstring): what recovery
+        # found is synced below, before anything else is written.
+        self.synced_seq = next_seq - 1
         # Where the active segment's file ends: past its records while it holds
         # preallocated zeros (see `append`).
         self._file_end = 0
@@ -184,6 +191,7 @@ class SegmentWriter:
             if self._unsynced:
                 self._sync(handle)
                 self._unsynced = False
+            self.synced_seq = self.segments[-1].last_seq
             self._release_preallocated()
             self.fs.close(handle)
             self._handle = None
@@ -240,6 +248,7 @@ class SegmentWriter:
             self._unsynced = True
         else:
             self._sync(handle)
+            self.synced_seq = last_seq
             self._hook("wal.after_sync")
         with self.lock:
             active.size += len(data)
@@ -279,14 +288,17 @@ class SegmentWriter:
         """The caller synced the active segment after writing up to `last_seq`."""
         if self.segments[-1].last_seq == last_seq:
             self._unsynced = False
+        self.synced_seq = max(self.synced_seq, last_seq)
 
     def sync(self) -> bool:
         """Sync the active segment if a buffered write is pending (buffer mode's
         periodic flush). True if it synced."""
         if not self._unsynced or self._handle is None:
             return False
+        last_seq = self.segments[-1].last_seq
         self._sync(self._handle)
         self._unsynced = False
+        self.synced_seq = last_seq
         return True
 
     def close(self) -> None:
@@ -295,6 +307,7 @@ class SegmentWriter:
                 if self._unsynced:
                     self._sync(self._handle)
                     self._unsynced = False
+                self.synced_seq = self.segments[-1].last_seq
                 self._release_preallocated()
             finally:
                 self.fs.close(self._handle)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sepp.storage import wal
+from sepp.storage import recovery, wal
 from tools import sim
 
 CI_SEEDS = 300
@@ -33,7 +33,16 @@ def test_hundreds_of_simulated_seeds_hold_every_promise(seed: int) -> None:
     stats = summary.stats
     assert summary.cycles >= 3 * CI_SEEDS, summary.cycles
     # Every kind of fault happened, and the crashes cut where it matters.
-    for fault in ("between", "op", "point", "error", "full", "flip_segment", "flip_snapshot"):
+    for fault in (
+        "between",
+        "op",
+        "point",
+        "error",
+        "full",
+        "flip_segment",
+        "flip_snapshot",
+        "writeback",
+    ):
         assert stats[f"fault_{fault}"] > 0, fault
     for counter in (
         "truncated",
@@ -44,6 +53,8 @@ def test_hundreds_of_simulated_seeds_hold_every_promise(seed: int) -> None:
         "refused_flipped_bit",
         "died_before_fsync",
         "died_at_wal.after_write",
+        "power_loss_pages",
+        "cut_unsynced_hole",
     ):
         assert stats[counter] > 0, (counter, dict(stats))
 
@@ -79,6 +90,20 @@ def test_an_engine_that_skips_its_syncs_is_caught_with_a_replayable_seed(
     failing = int(line.split()[2].rstrip(":"))
     assert f"replay: SEPP_SEED={failing} python -m tools.sim --seeds 1" in out
     assert sim.run_seed(failing).violation == sim.run_seed(failing).violation is not None
+
+
+def test_a_recovery_that_refuses_every_hole_is_caught_by_out_of_order_writeback(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mutation test of the writeback fault: with recovery treating every hole
+    followed by valid records as corruption (sepp before FORMAT.md 5.4), an
+    ordinary power cut must make some seed refuse to start."""
+    monkeypatch.setattr(recovery, "unsynced_hole", lambda *args, **kwargs: None)
+    first = _first_seed(seed)
+    summary = sim.run_seeds(range(first, first + 60))
+    refusals = [r for r in summary.failures if "corrupt record" in (r.violation or "")]
+    assert refusals, [r.violation for r in summary.failures[:5]]
+    assert "unexpected RecoveryError" in (refusals[0].violation or "")
 
 
 @pytest.mark.soak

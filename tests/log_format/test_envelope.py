@@ -109,6 +109,25 @@ def test_envelope_with_no_events_is_well_formed() -> None:
     assert decode_envelope(encode_envelope(0, COMMAND_SWEEP, [])).events == []
 
 
+def test_envelope_with_a_synced_seq_is_version_2_golden_bytes() -> None:
+    body = encode_envelope(5, COMMAND_ENQUEUE, [[7, 1, "j"]], 41)
+    # [2, 5, 1, [[7, 1, "j"]], 41]: version 2 is version 1 plus synced_seq at the end.
+    assert body.hex() == "9502050191930701a16a29"
+    assert decode_envelope(body) == Envelope(5, COMMAND_ENQUEUE, [[7, 1, "j"]], 41)
+
+
+def test_envelope_without_a_synced_seq_is_version_1_and_claims_nothing() -> None:
+    body = encode_envelope(5, COMMAND_ENQUEUE, [[7, 1, "j"]])
+    assert body[:2] == b"\x94\x01"
+    assert decode_envelope(body).synced_seq is None
+
+
+@pytest.mark.parametrize("synced_seq", [-1, True, 1.0, "1"])
+def test_encode_refuses_a_bad_synced_seq(synced_seq: Any) -> None:
+    with pytest.raises(ValueError, match="synced_seq"):
+        encode_envelope(5, COMMAND_ENQUEUE, [], synced_seq)
+
+
 def test_command_kinds_are_one_to_eleven() -> None:
     assert sorted(COMMAND_KINDS) == list(range(1, 12))
     assert COMMAND_KIND_NAMES[2] == "enqueue_atomic"
@@ -146,11 +165,20 @@ BAD_ENVELOPES = [
         pack([1, 0, 1, [[7, 1, msgpack.ExtType(5, b"x")]]]),
         "msgpack extension type 5 in envelope",
     ),
-    ("map", pack({"v": 1}), "envelope is not an array of 4 elements"),
-    ("short array", pack([1, 0, 1]), "envelope is not an array of 4 elements"),
-    ("long array", pack([1, 0, 1, [], 0]), "envelope is not an array of 4 elements"),
-    ("nil", pack(None), "envelope is not an array of 4 elements"),
-    ("version 2", pack([2, 0, 1, []]), "unsupported envelope version 2"),
+    ("map", pack({"v": 1}), "envelope is not an array of 4 or 5 elements"),
+    ("short array", pack([1, 0, 1]), "envelope is not an array of 4 or 5 elements"),
+    ("long array", pack([2, 0, 1, [], 0, 0]), "envelope is not an array of 4 or 5 elements"),
+    ("nil", pack(None), "envelope is not an array of 4 or 5 elements"),
+    (
+        "version 1 with 5",
+        pack([1, 0, 1, [], 0]),
+        "envelope version 1 is not an array of 4 elements",
+    ),
+    ("version 2 with 4", pack([2, 0, 1, []]), "envelope version 2 is not an array of 5 elements"),
+    ("version 3", pack([3, 0, 1, [], 0]), "unsupported envelope version 3"),
+    ("synced_seq negative", pack([2, 0, 1, [], -1]), "bad envelope synced_seq -1"),
+    ("synced_seq nil", pack([2, 0, 1, [], None]), "bad envelope synced_seq None"),
+    ("synced_seq true", pack([2, 0, 1, [], True]), "bad envelope synced_seq True"),
     ("version true", pack([True, 0, 1, []]), "unsupported envelope version True"),
     ("version str", pack(["1", 0, 1, []]), "unsupported envelope version '1'"),
     ("negative time", pack([1, -1, 1, []]), "bad envelope time_ms -1"),

@@ -21,8 +21,11 @@ from log_format import (
 
 
 def envelope_bodies(n: int) -> list[bytes]:
+    # Both envelope versions: version 2 (with a synced_seq) on every other record.
     return [
-        encode_envelope(1000 + i, 1, [[3, 1, f"job-{i}", 1, None], [7, 1, f"job-{i}"]])
+        encode_envelope(
+            1000 + i, 1, [[3, 1, f"job-{i}", 1, None], [7, 1, f"job-{i}"]], i if i % 2 else None
+        )
         for i in range(n)
     ]
 
@@ -39,7 +42,10 @@ def reference(data: bytes) -> tuple[list[list[object]], int, int]:
             env = decode_envelope(item.body)
         except FormatError:
             return accepted, item.offset, item.seq
-        accepted.append([1, env.time_ms, env.command_kind, env.events])
+        if env.synced_seq is None:
+            accepted.append([1, env.time_ms, env.command_kind, env.events])
+        else:
+            accepted.append([2, env.time_ms, env.command_kind, env.events, env.synced_seq])
         offset, seq = item.offset + 24 + len(item.body), item.seq + 1
     return accepted, offset, seq
 
@@ -126,3 +132,12 @@ def test_a_bool_or_a_float_does_not_pass_for_a_number_in_the_envelope(kit) -> No
         built = kit.segment(damaged)
         assert fast(built.data) == reference(built.data)
         assert fast(built.data)[1:] == (built.offsets[1], 2), (index, value)
+
+
+def test_a_version_2_envelope_with_a_bad_synced_seq_stops_the_run(kit) -> None:
+    bodies = envelope_bodies(4)
+    for synced_seq in (-1, True, None, 1.0):
+        damaged = [*bodies[:2], msgpack.packb([2, 1000, 1, [], synced_seq]), *bodies[3:]]
+        built = kit.segment(damaged)
+        assert fast(built.data) == reference(built.data)
+        assert fast(built.data)[1:] == (built.offsets[2], 3), synced_seq

@@ -899,6 +899,96 @@ def test_damage_below_the_older_snapshot_used_after_a_damaged_newest_one_is_hist
     accepts_next_command(engine, 46)
 
 
+# ---------------------------------------------------------------- rows 19, 20: unsynced holes
+
+
+def build_with_last_batch(records: int, batch: int, *, snapshot: bool = False) -> Built:
+    """`build(records)`, then `batch` more enqueues written and synced as one batch:
+    each of them claims seq `records` synced (FORMAT.md 5.4), as it would if the
+    power had failed before the batch's sync."""
+    built = build(records)
+    engine = open_engine(built.fs, OPTIONS)
+    for n in range(records, records + batch):
+        decision, barrier = engine.execute(enqueue_one(n, payload_bytes=300), T0 + 1_000 * n)
+        built.history.executed(decision, barrier)
+    engine.flush()
+    if snapshot:
+        engine.snapshot_now()
+    engine.close()
+    built.last_seq = records + batch
+    return built
+
+
+def _zero(data: bytes, start: int, end: int) -> bytes:
+    return data[:start] + bytes(end - start) + data[end:]
+
+
+HOLES = {
+    # A lost page: two whole records read as zeros, the records after survived.
+    "lost_page": lambda data, r: _zero(data, r[1].offset, r[3].offset),
+    # A torn page: the first record's body cut short, the next one's header too.
+    "torn_page": lambda data, r: _zero(
+        data, r[1].offset + RECORD_HEADER_BYTES + 40, r[2].offset + 10
+    ),
+}
+
+
+@row(19)
+@pytest.mark.parametrize("hole", sorted(HOLES))
+def test_hole_in_the_unsynced_tail_before_records_that_say_so_is_truncated(hole: str) -> None:
+    built = build_with_last_batch(20, 6)
+    path = built.segments()[-1]
+    data = built.fs.read(path)
+    batch = [r for r in built.records(path) if r.seq > 20]
+    assert [r.seq for r in batch] == [21, 22, 23, 24, 25, 26]
+    assert {decode_envelope(r.body).synced_seq for r in batch} == {20}
+    put_bytes(built.fs, path, HOLES[hole](data, batch))
+    engine = assert_recovered(built, 21)
+    cut = len(data) - batch[1].offset
+    # Seqs 24..26 were valid after the hole, and are cut with it: never synced.
+    assert engine.recovery_report.unsynced_hole == (path, batch[1].offset, cut, 3)
+    assert engine.recovery_report.truncated is None
+    assert built.fs.durable_files()[path] == data[: batch[1].offset]
+    accepts_next_command(engine, 22)
+
+
+def _v1_envelopes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the engine write version 1 envelopes, as a sepp before them did."""
+    from sepp.storage import engine as engine_module
+
+    def v1(time_ms: object, kind: object, events: object, synced_seq: object = None) -> bytes:
+        return encode_envelope(time_ms, kind, events)
+
+    monkeypatch.setattr(engine_module, "encode_envelope", v1)
+
+
+@row(20)
+@pytest.mark.parametrize("evidence", ["claims_it_synced", "claims_nothing", "snapshot_covers_it"])
+def test_hole_that_the_log_says_was_synced_refuses_to_start(
+    evidence: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if evidence == "claims_it_synced":
+        # Flushed one by one: seq 24 was written after seq 23's sync and says so.
+        built = build(25)
+        records = [r for r in built.records(built.segments()[-1]) if r.seq >= 22]
+    else:
+        if evidence == "claims_nothing":
+            _v1_envelopes(monkeypatch)
+        built = build_with_last_batch(20, 6, snapshot=evidence == "snapshot_covers_it")
+        records = [r for r in built.records(built.segments()[-1]) if r.seq > 20]
+    path = built.segments()[-1]
+    data = built.fs.read(path)
+    put_bytes(built.fs, path, HOLES["lost_page"](data, records))
+    monkeypatch.undo()
+    assert_refuses(
+        built.fs,
+        path=path,
+        offset=records[1].offset,
+        seq=records[1].seq,
+        reason="corrupt record (bad header checksum)",
+    )
+
+
 # ---------------------------------------------------------------- the table itself
 
 

@@ -156,6 +156,52 @@ def test_torn_tail_of_the_last_segment_is_a_warning_recovery_would_truncate(
     assert report.replayed_to == 39
 
 
+def _zero_records(data_dir: Path, first: int, last: int) -> tuple[Path, int]:
+    """Zeros where records first..last were (a page lost at a power cut)."""
+    path, start = locate(data_dir, first)
+    end = offset_of(data_dir, last + 1)
+    splice(path, start.offset, end, bytes(end - start.offset))
+    return path, start.offset
+
+
+def test_unsynced_hole_in_the_last_segment_is_a_warning_recovery_would_truncate(
+    scripted: LiveLog,
+) -> None:
+    # persist_mode buffer: records 25..40 were written after the last sync (the
+    # rotation at seq 25), and each says so: a hole among them is unsynced tail.
+    path, offset = _zero_records(scripted.data_dir, 33, 34)
+    size = path.stat().st_size
+    report = run(scripted.data_dir)
+    assert report.problems == [
+        Problem(
+            WARNING,
+            "torn-tail",
+            SEG25,
+            offset,
+            33,
+            "unsynced hole (bad header checksum): recovery would truncate the last "
+            f"{size - offset} bytes -- the 6 valid record(s) after it were written before "
+            "seq 33 was synced (claimed synced up to seq 24): out-of-order writeback of "
+            "the unsynced tail at a power loss",
+        )
+    ]
+    assert report.exit_code == 0
+    assert report.replayed_to == 32
+
+
+def test_hole_that_later_records_and_a_snapshot_say_was_synced_is_corruption(
+    tmp_path: Path,
+) -> None:
+    live = scripted_log(tmp_path / "data", snapshot_at=(38,))
+    live.close()
+    _path, offset = _zero_records(live.data_dir, 33, 34)
+    report = run(live.data_dir)
+    assert [p for p in report.problems if p.severity == ERROR][:1] == [
+        Problem(ERROR, "corruption", SEG25, offset, 33, "bad header checksum")
+    ]
+    assert report.exit_code == 1
+
+
 def test_torn_tail_in_a_sealed_segment_is_corruption(scripted: LiveLog) -> None:
     path, record = locate(scripted.data_dir, 24)
     size = path.stat().st_size
@@ -474,6 +520,12 @@ def _damage_cases() -> dict[str, object]:
     def head_gone(d: Path) -> None:
         (d / SEG1).unlink()
 
+    def unsynced_hole(d: Path) -> None:
+        _zero_records(d, 33, 34)
+
+    def hole_in_sealed_segment(d: Path) -> None:
+        _zero_records(d, 15, 16)
+
     return {name: fn for name, fn in locals().items() if callable(fn)}
 
 
@@ -497,6 +549,8 @@ def test_verify_agrees_with_recovery(tmp_path: Path, damage: str) -> None:
     assert report.exit_code == 0, report.problems
     torn = [p for p in report.problems if p.kind == "torn-tail"]
     cut = recovered.truncated or recovered.zero_tail
+    if recovered.unsynced_hole is not None:
+        cut = recovered.unsynced_hole[:3]
     if cut is not None:
         path, offset, _cut = cut
         assert [(str(copy / p.file), p.offset) for p in torn] == [(path, offset)]
