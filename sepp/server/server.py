@@ -230,6 +230,14 @@ class SeppServer:
             }
             for damage in report.damaged_history
         ]
+        if report.unsynced_hole:
+            log.warning(
+                "a power loss left a hole in the unsynced tail of %s at offset %d: cut it and "
+                "the %d record(s) after it (%d bytes), none of them acknowledged through a sync",
+                *report.unsynced_hole[:2],
+                report.unsynced_hole[3],
+                report.unsynced_hole[2],
+            )
         if engine.options.persist_mode == "buffer":
             log.warning(
                 "persist_mode = buffer: acknowledged writes survive a process crash but up to "
