@@ -43,6 +43,7 @@ from log_format import (
     RECORD_KIND_COMMAND,
     Record,
     decode_segment_header,
+    encode_envelope,
     encode_record,
     parse_segment_file_name,
     scan_records,
@@ -423,6 +424,41 @@ def test_a_flipped_bit_in_the_last_record_is_cut_like_a_torn_write(
     # Exactly the last batch (one record) is gone; everything before it is there.
     lost = set(ledger.acknowledged) - set(seen)
     assert lost == {f"j11-{i}" for i in range(3)}, lost
+
+
+def test_a_hole_that_out_of_order_writeback_left_is_cut_with_a_warning(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    """A power cut can persist a later page of the unsynced tail and lose an earlier
+    one: zeros where record n+1 was, a valid record n+2 after them. Record n+2 says
+    that nothing after seq n had been synced when it was written (FORMAT.md 5.4), so
+    the server starts, cuts the hole and what follows, and says so; everything
+    acknowledged is there."""
+    server = server_factory(env=SMALL_SEGMENTS)
+    ledger = Ledger()
+    run(_enqueue_some(server.address, ledger, 10))
+    server.kill()
+    last = _segments(server.data_dir)[-1]
+    records = _records(last)
+    assert records
+    n = records[-1].seq
+    lost = encode_record(n + 1, RECORD_KIND_COMMAND, encode_envelope(1, 1, [], n))
+    kept = encode_record(n + 2, RECORD_KIND_COMMAND, encode_envelope(1, 1, [], n))
+    end = _data_end(records)
+    with open(last, "r+b") as f:
+        f.seek(end)
+        f.write(bytes(len(lost)) + kept)
+    cut = last.stat().st_size - end
+    restarted = server_factory(data_dir=server.data_dir, env=SMALL_SEGMENTS)
+    assert (
+        f"a power loss left a hole in the unsynced tail of {last} at offset {end}: cut it "
+        f"and the 1 record(s) after it ({cut} bytes)"
+    ) in restarted.log()
+    assert last.stat().st_size == end
+    seen = run(_drain_at(restarted.address))
+    assert isinstance(seen, dict)
+    assert_survived(ledger, seen)
+    assert set(seen) == set(ledger.acknowledged)
 
 
 def test_verify_and_recovery_agree_on_a_zero_filled_last_segment(tmp_path: Path) -> None:
