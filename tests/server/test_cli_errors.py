@@ -124,7 +124,7 @@ def _checkout_with_a_stale_extension(tmp_path: Path, module: str) -> Path:
     extension module older than its source (the build went stale)."""
     root = tmp_path / "checkout"
     skip = shutil.ignore_patterns("__pycache__", *(f"*{s}" for s in EXTENSION_SUFFIXES))
-    for package in ("sepp", "log_format"):
+    for package in ("sepp", "log_format", "tools"):
         shutil.copytree(REPO / package, root / package, ignore=skip)
     source = root / Path(*module.split("."))
     source = source.with_suffix(".py")
@@ -155,3 +155,20 @@ def test_any_sepp_command_after_the_build_went_stale_is_one_line(
     assert result.stderr.startswith("sepp: ")
     stem = module.rpartition(".")[2]
     assert stem in result.stderr
+
+
+def test_sepp_log_after_the_build_went_stale_is_one_line(tmp_path: Path) -> None:
+    root = _checkout_with_a_stale_extension(tmp_path, "log_format.crc")
+    # What the `sepp-log` console script runs (tools/ is installed as sepp_tools;
+    # its modules import each other relatively, so the folder name works too).
+    script = root / "bin" / "sepp-log"
+    script.parent.mkdir()
+    script.write_text("import sys\nfrom tools.sepp_log import main\nsys.exit(main())\n")
+    env = clean_env(PYTHONPATH=str(root))
+    env.pop(PURE_ENV, None)
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert_one_line(result, 1, "older than", "crc", PURE_ENV)
+    assert result.stderr.startswith("sepp-log: ")
