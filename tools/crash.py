@@ -18,7 +18,7 @@ ledger (`Ledger`) and its checks. What it does, per cycle:
    job id);
 3. drive a seeded mixed workload from several client connections (`SeppClient`):
    single, batch and atomic enqueues, with and without idempotency keys and
-   schedules; reserves; acks; nacks of every kind; extends; leases left to
+   schedules; reserves; acks; nacks of every kind; extends; releases; leases left to
    expire; stale acks (fencing); and (unless `--no-fuzz`) a hostile connection
    sending junk frames, huge lengths, wrong types and half-closes alongside;
 4. end the cycle with SIGKILL at a random moment, once the cycle's workload has
@@ -396,6 +396,24 @@ class Ledger:
             rec.lease_until = 0
             if nack_kills:
                 rec.dead = "maybe"
+        if choice == "release":
+            # Applied: Ready again under the same attempt; not applied: in flight
+            # until its lease lapses (then attempt + 1, or dead on the last one).
+            rec.last_attempt = min(rec.last_attempt, rec.lease_attempt - 1)
+            rec.next_attempt = None
+            rec.next_min_t = min(rec.next_min_t, sent)
+            rec.lease_until = 0
+            if rec.lease_attempt >= rec.max_attempts:
+                rec.dead = "maybe"
+
+    def released(self, rec: JobRec, attempt: int, sent: int) -> None:
+        """An acknowledged release of `attempt`: the job is Ready again at once and
+        the next delivery carries the same attempt (it was not counted)."""
+        rec.last_attempt = attempt - 1
+        rec.next_attempt = attempt
+        rec.next_min_t = sent
+        rec.returned = False
+        rec.lease_until = 0
 
     def fenced(self, rec: JobRec, attempt: int, received: int, what: str) -> None:
         """An ack/nack/extend of `attempt` was refused (not_found / mismatch)."""
@@ -852,8 +870,8 @@ class Workload:
         ctx, rec = item.job.ctx, item.rec
         ledger.op_id()
         choice = rng.choices(
-            ("ack", "nack", "nack_delay", "nack_dead", "extend", "abandon", "stale"),
-            (40, 10, 10, 5, 15, 12, 8),
+            ("ack", "nack", "nack_delay", "nack_dead", "extend", "abandon", "stale", "release"),
+            (40, 10, 10, 5, 15, 12, 8, 6),
         )[0]
         sent = wall_ms()
         try:
@@ -870,6 +888,9 @@ class Workload:
                 await self.nack(client, item, choice, sent)
             elif choice == "extend":
                 await self.extend(client, item, sent, held)
+            elif choice == "release":
+                await client.release(ctx)
+                ledger.released(rec, ctx.attempt, sent)
             elif choice == "abandon":
                 self.h.report.stats["leases_left_to_expire"] += 1
             else:

@@ -1,4 +1,4 @@
-"""Fencing of ack, nack and extend by (job_id, attempt) (sepp-semantics.md §7):
+"""Fencing of ack, nack, extend and release by (job_id, attempt) (sepp-semantics.md §7):
 NotFound when there is no in-flight record, AttemptMismatch when someone else
 holds a newer attempt; a fenced command changes nothing and logs nothing.
 """
@@ -9,8 +9,15 @@ from collections.abc import Callable
 
 import pytest
 
-from sepp.core import RETRY_DEAD_LETTER, Ack, Command, CoreConfig, Extend, Nack
-from sepp.core.results import AckResult, AttemptMismatch, ExtendResult, NackResult, NotFound
+from sepp.core import RETRY_DEAD_LETTER, Ack, Command, CoreConfig, Extend, Nack, Release
+from sepp.core.results import (
+    AckResult,
+    AttemptMismatch,
+    ExtendResult,
+    NackResult,
+    NotFound,
+    ReleaseResult,
+)
 from tests.core.helpers import NOW, Harness, make_job, new_id
 
 LEASE = 1_000
@@ -18,6 +25,7 @@ OPERATIONS: dict[str, Callable[[str, int], Command]] = {
     "ack": lambda job_id, attempt: Ack(job_id=job_id, attempt=attempt),
     "nack": lambda job_id, attempt: Nack(job_id=job_id, attempt=attempt),
     "extend": lambda job_id, attempt: Extend(job_id=job_id, attempt=attempt, lease_ms=LEASE),
+    "release": lambda job_id, attempt: Release(job_id=job_id, attempt=attempt),
 }
 
 
@@ -124,6 +132,9 @@ def test_an_operation_after_the_deadline_but_before_the_sweep_is_accepted(
     elif operation == "nack":
         assert reply == NackResult(job_id, False)
         assert (h.status(job_id), h.job(job_id).attempt) == ("ready", 2)
+    elif operation == "release":
+        assert reply == ReleaseResult(job_id)
+        assert (h.status(job_id), h.job(job_id).attempt) == ("ready", 1)
     else:
         assert reply == ExtendResult(job_id, late + LEASE)
         h.sweep(now=late)

@@ -32,6 +32,7 @@ from sepp.core import (
     Extend,
     Nack,
     NewJob,
+    Release,
     RequeueDeadLetters,
     Reserve,
 )
@@ -129,6 +130,7 @@ COMMAND_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     },
     # delay_ms is only read with retry="delay"; the test of that pairing is below.
     "extend": {"job_id": _str, "attempt": _int, "lease_ms": _int, "worker_id": _opt(_str)},
+    "release": {"job_id": _str, "attempt": _int, "worker_id": _opt(_str)},
     "drain": {"queue": _opt(_str), "max_records": _int},
     "dead_letter": {"job_ids": lambda v: type(v) is tuple, "reason": _opt(_str)},
     "requeue": {"job_ids": lambda v: type(v) is tuple},
@@ -157,6 +159,8 @@ class World:
             return Nack(job_id=self.flying_id, attempt=1)
         if name == "extend":
             return Extend(job_id=self.flying_id, attempt=1, lease_ms=1_000)
+        if name == "release":
+            return Release(job_id=self.flying_id, attempt=1)
         if name == "drain":
             return DrainDeadLetters(max_records=1)
         if name == "dead_letter":

@@ -13,15 +13,30 @@ import zlib
 
 import pytest
 
-from sepp.core import RETRY_DEAD_LETTER, RETRY_DEFAULT, RETRY_DELAY, CoreConfig, QueuePolicy
+from sepp.core import (
+    RETRY_DEAD_LETTER,
+    RETRY_DEFAULT,
+    RETRY_DELAY,
+    CoreConfig,
+    QueuePolicy,
+    Release,
+    Sweep,
+)
 from sepp.core.events import (
     CAUSE_ADMIN,
     CAUSE_ATTEMPTS_EXHAUSTED,
     CAUSE_LEASE_EXPIRED,
     CAUSE_REJECTED,
     JobNacked,
+    JobReleased,
 )
-from sepp.core.results import Accepted, DrainResult, InvalidArgument, SweepResult
+from sepp.core.results import (
+    Accepted,
+    DrainResult,
+    InvalidArgument,
+    ReleaseResult,
+    SweepResult,
+)
 from tests.core.helpers import NOW, Harness, make_job, new_id, ordered_ids
 
 HORIZON = QueuePolicy().max_schedule_horizon_ms
@@ -230,6 +245,76 @@ def test_ack_deletes_the_job_at_once_and_keeps_its_dedup_record() -> None:
     assert h.enqueue_results(make_job(idempotency_key="k"), now=NOW + 3) == (
         Accepted(job_id, True),
     )
+
+
+# ---------------------------------------------------------------------------
+# release: an attempt handed back unused (issue 12 §1; PROTOCOL.md §5.11). The
+# job was delivered to nobody, so nothing about it failed: Ready at once, the
+# same attempt number, its place in the ready order kept, no reason recorded.
+
+
+def test_a_released_job_is_ready_at_once_under_the_same_attempt() -> None:
+    h = Harness()
+    [job_id] = h.enqueue(make_job(max_attempts=1), now=NOW)
+    view = h.reserve_one("q", now=NOW)
+
+    reply = h.accept(Release(job_id=job_id, attempt=view.attempt, worker_id="w"), now=NOW + 5)
+
+    assert reply == ReleaseResult(job_id)
+    assert (h.status(job_id), h.job(job_id).attempt, h.job(job_id).last_reason) == (
+        "ready",
+        1,
+        None,
+    )
+    assert h.counts("q") == (1, 0, 0, 0)
+    (event,) = h.records[-1][1]
+    assert event == JobReleased(job_id=job_id, attempt=1, worker_id="w")
+
+
+def test_a_released_attempt_does_not_count_against_max_attempts() -> None:
+    h = Harness(RETAINED)
+    [job_id] = h.enqueue(make_job(max_attempts=1), now=NOW)
+    for step in range(3):
+        assert h.reserve_one("q", now=NOW + step).attempt == 1
+        h.accept(Release(job_id=job_id, attempt=1), now=NOW + step)
+    again = h.reserve_one("q", now=NOW + 10)
+    assert (again.attempt, again.max_attempts) == (1, 1)
+    # The one real failure is the first and the last.
+    assert h.nack(job_id, 1, now=NOW + 11).dead_lettered
+    assert h.state.dead[job_id].cause == CAUSE_ATTEMPTS_EXHAUSTED
+
+
+def test_a_released_job_keeps_its_place_in_the_ready_order() -> None:
+    h = Harness()
+    first, second = h.enqueue(make_job(), make_job(), now=NOW)
+    h.reserve_one("q", now=NOW + 1)
+    h.accept(Release(job_id=first, attempt=1), now=NOW + 2)
+    assert [v.job_id for v in h.reserve("q", now=NOW + 3, max_jobs=2)] == [first, second]
+
+
+def test_a_release_wakes_the_queue_of_the_job() -> None:
+    h = Harness()
+    [job_id] = h.enqueue(make_job(queue="q"), now=NOW)
+    h.reserve_one("q", now=NOW)
+    h.accept(Release(job_id=job_id, attempt=1), now=NOW + 1)
+    assert h.decisions[-1].woken == frozenset({"q"})
+
+
+def test_a_released_lease_no_longer_expires() -> None:
+    h = Harness()
+    [job_id] = h.enqueue(make_job(), now=NOW)
+    h.reserve_one("q", now=NOW, lease_ms=1_000)
+    h.accept(Release(job_id=job_id, attempt=1), now=NOW + 1)
+    assert h.state.next_deadline() is None
+    assert h.accept(Sweep(), now=NOW + 5_000) == SweepResult(0, 0, 0, 0, 0)
+
+
+def test_a_release_with_a_bad_worker_id_is_invalid_argument() -> None:
+    h = Harness()
+    [job_id] = h.enqueue(make_job(), now=NOW)
+    h.reserve_one("q", now=NOW)
+    error = h.refuse(Release(job_id=job_id, attempt=1, worker_id=""), now=NOW + 1)
+    assert isinstance(error, InvalidArgument)
 
 
 # ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sepp.core import Reserve
+from sepp.core import Release, Reserve
 from tests.storage.helpers import numbered_id
 from tests.tools.helpers import T0, LiveLog, scripted_log, segment_paths
 from tools.audit import AuditResult, audit_jobs, queue_transitions
@@ -180,3 +180,25 @@ def test_queue_transitions_over_a_period(scripted: LiveLog) -> None:
     everything = queue_transitions(data_dir, "emails", since_ms=0)
     assert everything.counts["JobEnqueued"] == 13
     assert everything.problems == []
+
+
+def test_a_released_attempt_shows_in_the_history_and_the_next_delivery_reuses_it(
+    tmp_path: Path,
+) -> None:
+    live = scripted_log(tmp_path / "data")
+    job = numbered_id(5)
+    live.run(Reserve(queues=("reports",), lease_ms=30_000, worker_id="w9"), T0 + 50_000)
+    released = live.run(Release(job_id=job, attempt=1, worker_id="w9"), T0 + 50_001)
+    live.run(Reserve(queues=("reports",), lease_ms=30_000, worker_id="w7"), T0 + 50_002)
+    live.close()
+    result = _audit(live.data_dir, job)
+    steps = _steps(result, job)
+    assert [name for _, name, _ in steps][-3:] == ["JobReserved", "JobReleased", "JobReserved"]
+    # The release hands attempt 1 back; the next delivery is attempt 1 again.
+    assert [attempt for _, _, attempt in steps][-3:] == [1, 1, 1]
+    entry = result.histories[job].entries[-2]
+    assert entry.data(job)["command"] == "release"
+    assert entry.human().endswith("JobReleased              1  worker_id=w9")
+    assert released.time_ms == T0 + 50_001
+    assert result.histories[job].state["attempt"] == 1
+    assert result.histories[job].state["worker_id"] == "w7"
