@@ -9,7 +9,7 @@ is durable and what is not, and can
   nothing (the default), an in-order prefix cut at a random byte (`tear`: a torn
   last write), or -- like the page cache's writeback -- any subset of the touched
   4 KiB pages, in no particular order (`pages`: each page independently reaches
-  the disk whole, not at all, or torn: a random prefix of it new, the rest as it
+  the disk whole, not at all, or torn: each of its 512-byte sectors new or as it
   was; the file's size may reach the disk without its data, which then reads as
   zeros). Bytes synced before the crash are never changed by it;
 - **fail** a chosen operation with an `OSError` (ENOSPC, EIO, ...), once or for good;
@@ -20,14 +20,17 @@ is durable and what is not, and can
 and `Crasher`, the hook that kills the simulated process before the n-th mutating
 file operation or at the n-th hit of a storage hook point.
 
-Promises: what a crash may leave is a superset of what ext4 (the default
-data=ordered mode) leaves of the operations it models: ext4 usually persists a new
-file's directory entry with the file's data, here it is lost unless the directory
-was synced; ext4 writes unsynced pages back in any order and a power cut can tear
-one, here (`pages`) any subset survives, each possibly torn. So code that survives
-this model survives those crashes on real disks. Not modelled: stale blocks of
-deleted files showing through (ext4 data=writeback, XFS), torn sectors other than
-a page's prefix, and damage to synced data (that is `flip_bit`'s job).
+Promises: with `pages`, a crash here can leave whatever a power cut leaves on ext4
+(the default data=ordered mode) for the operations the seam has, and more: ext4
+usually persists a new file's directory entry with the file's data, here it is
+lost unless the directory was synced; ext4 writes dirty pages back in any order
+and a power cut can tear a page write at a sector boundary, here any subset of the
+unsynced pages survives and any subset of a torn page's sectors; ext4 data=ordered
+persists a grown size only with its data, here the size may come without it. So
+code that survives this model survives those crashes on real disks. Not modelled:
+a sector torn inside itself (drives write a sector atomically), stale blocks of
+deleted files showing through (ext4 data=writeback, XFS), and damage to synced
+data (that is `flip_bit`'s job).
 
 Must not import: asyncio, sockets.
 """
@@ -41,8 +44,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# The unit of page-cache writeback (`crash(pages=True)`): x86-64's page size.
+# The unit of page-cache writeback (`crash(pages=True)`): x86-64's page size; a
+# torn page is torn at sector boundaries (the unit a drive writes atomically).
 PAGE_BYTES = 4096
+SECTOR_BYTES = 512
 
 
 class SimulatedCrash(BaseException):
@@ -128,8 +133,8 @@ def writeback_pages(
     whose content in the page cache is `current`, after the unsynced writes
     `pending` ((offset, bytes), in order): every 4 KiB page they touched reaches
     the disk on its own -- whole (a third of the time), not at all (a third), or
-    torn (a random prefix of its current bytes, the rest as synced) -- so a lost or
-    torn page can come before a page that was kept. The file's new size reaches the
+    torn (each of its 512-byte sectors current or as synced, even odds) -- so a
+    lost or torn page can come before a page that was kept. The file's new size reaches the
     disk or not, or a size in between; what no kept page covers reads as the synced
     bytes, zeros past them. Never shorter than `durable`, and a byte that `pending`
     did not change is the synced one."""
@@ -151,8 +156,10 @@ def writeback_pages(
         if fate == 0:
             out[start:end] = current[start:end]
         elif fate == 2:
-            cut = rng.randrange(start, end + 1)
-            out[start:cut] = current[start:cut]
+            for sector in range(start, end, SECTOR_BYTES):
+                if rng.random() < 0.5:
+                    stop = min(sector + SECTOR_BYTES, end)
+                    out[sector:stop] = current[sector:stop]
     return out
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from sepp.storage.faultfs import PAGE_BYTES, FaultyFileSystem, writeback_pages
+from sepp.storage.faultfs import PAGE_BYTES, SECTOR_BYTES, FaultyFileSystem, writeback_pages
 
 PATH = "/d/log"
 
@@ -30,7 +30,7 @@ def written_over_synced_zeros(pages: int) -> tuple[FaultyFileSystem, bytes, byte
 
 
 def page_fates(synced: bytes, current: bytes, after: bytes) -> list[str]:
-    """For each page: "kept", "lost", or "torn" (a prefix new, the rest as synced)."""
+    """For each page: "kept", "lost", or "torn" (each sector new or as synced)."""
     fates = []
     for start in range(0, len(current), PAGE_BYTES):
         new, old, got = (b[start : start + PAGE_BYTES] for b in (current, synced, after))
@@ -39,8 +39,11 @@ def page_fates(synced: bytes, current: bytes, after: bytes) -> list[str]:
         elif got == old:
             fates.append("lost")
         else:
-            cut = next(i for i in range(len(got)) if got[i] != new[i])
-            assert got[cut:] == old[cut:], f"page at {start} is neither old, new nor torn"
+            for at in range(0, len(got), SECTOR_BYTES):
+                sector = got[at : at + SECTOR_BYTES]
+                assert sector in (new[at : at + SECTOR_BYTES], old[at : at + SECTOR_BYTES]), (
+                    f"sector at {start + at} is neither as written nor as synced"
+                )
             fates.append("torn")
     return fates
 
