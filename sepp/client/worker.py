@@ -626,15 +626,24 @@ class Worker:
         for job in undecodable:
             try:
                 await self._client.nack(job, RetryDirective.DEAD_LETTER, reason=job.reason)
+                # The raw job goes into the log line too: with the default
+                # dead-letter retention of 0 the server drops the record, and
+                # this line is then the job's only remaining copy.
                 logger.error(
-                    "dead-lettered job %s (attempt %s, queue %r): %s",
+                    "dead-lettered job %s (attempt %s, queue %r): %s; raw job: %r",
                     job.id,
                     job.attempt,
                     job.queue,
                     job.reason,
+                    job.raw,
                 )
             except (SeppError, ValueError) as exc:
-                logger.error("could not dead-letter undecodable job %s: %s", job.id, exc)
+                logger.error(
+                    "could not dead-letter undecodable job %s: %s; raw job: %r",
+                    job.id,
+                    exc,
+                    job.raw,
+                )
 
     def _reserve_options(self) -> ReserveOptions:
         free = max(1, self._max_in_flight - self._in_flight)
