@@ -802,8 +802,14 @@ class SeppClient:
         if not isinstance(status, str):
             raise MalformedResponseError("a health answer needs a 'status'")
         reason = answer.get("reason")
+        damaged = answer.get("damaged_history", [])
+        if not isinstance(damaged, list) or not all(isinstance(d, dict) for d in damaged):
+            raise MalformedResponseError(
+                "a health answer's 'damaged_history' must be a list of maps"
+            )
         return HealthStatus(
             serving=status == "serving",
             status=status,
             reason=reason if isinstance(reason, str) else None,
+            damaged_history=tuple(damaged),
         )

@@ -504,8 +504,12 @@ class QueueStats:
 @dataclass(frozen=True)
 class HealthStatus:
     """The answer of `SeppClient.health` (a sepp addition): `serving` while the
-    server accepts commands; otherwise `reason` says why not."""
+    server accepts commands; otherwise `reason` says why not. `damaged_history`
+    lists, as the server reports them (PROTOCOL.md 5.10), damage found in log
+    segments below the snapshot recovery started from: no job was lost, but those
+    records are gone for audits. Empty when there is none."""
 
     serving: bool
     status: str
     reason: str | None = None
+    damaged_history: tuple[Mapping[str, Any], ...] = ()

@@ -20,6 +20,7 @@ from sepp.client import (
     InvalidRequestError,
     JobNotFoundError,
     JobRejectedError,
+    MalformedResponseError,
     MalformedServerInfoError,
     OverloadedError,
     Payload,
@@ -508,6 +509,22 @@ async def test_queue_stats_and_health(fake: FakeServer) -> None:
         fake.reply("health", "ok", {"status": "not_serving", "reason": "storage_failed"})
         health = await client.health()
         assert (health.serving, health.reason) == (False, "storage_failed")
+        assert health.damaged_history == ()
+        damage = {
+            "file": "wal/00000000000000000001.log",
+            "offset": 96,
+            "seq": 8,
+            "reason": "crc_mismatch",
+            "first_seq": 8,
+            "last_seq": 10,
+            "snapshot_seq": 111,
+        }
+        fake.reply("health", "ok", {"status": "serving", "damaged_history": [damage]})
+        health = await client.health()
+        assert health.serving and health.damaged_history == (damage,)
+        fake.reply("health", "ok", {"status": "serving", "damaged_history": "junk"})
+        with pytest.raises(MalformedResponseError):
+            await client.health()
         await client.close()
 
 
