@@ -19,6 +19,7 @@ Must not import: `sepp.server`, `sepp.client`.
 from __future__ import annotations
 
 import gc
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -172,7 +173,42 @@ def comparable(canonical: dict[str, Any]) -> dict[str, Any]:
         for name, order in canonical["ready"].items()
         if not (name in empty and not order)
     }
+    out["jobs"] = {job_id: _as_stored(row) for job_id, row in canonical["jobs"].items()}
+    out["dead"] = [(entry[0], _as_stored(entry[1]), *entry[2:]) for entry in canonical["dead"]]
     return out
+
+
+_CUSTOM = JOB_ROW_FIELDS.index("custom")
+
+
+class StoredFloat(float):
+    """A float compared as the format stores it: its 8 bytes (a msgpack float 64).
+    As Python values NaN != NaN, so a job whose custom map holds a NaN made a
+    snapshot differ from the log it was written from (issue 13 §7); bit for bit,
+    the same NaN is equal to itself and 0.0 differs from -0.0, as on disk."""
+
+    __slots__ = ()
+
+    def _bits(self) -> bytes:
+        return struct.pack(">d", self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, float) and self._bits() == struct.pack(">d", other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self._bits())
+
+
+def _as_stored(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A job tuple whose custom map's floats compare bit for bit."""
+    custom = row[_CUSTOM]
+    if not custom or not any(type(v) is float for v in custom.values()):
+        return row
+    stored = {k: StoredFloat(v) if type(v) is float else v for k, v in custom.items()}
+    return (*row[:_CUSTOM], stored, *row[_CUSTOM + 1 :])
 
 
 def describe_difference(snapshot: dict[str, Any], log: dict[str, Any]) -> str:

@@ -56,7 +56,7 @@ from sepp.storage.recovery import (
     list_snapshots,
     recover,
 )
-from sepp.storage.snapshots import write_snapshot_file
+from sepp.storage.snapshots import SnapshotRowTooLarge, write_snapshot_file
 from sepp.storage.wal import (
     PERSIST_BUFFER,
     PERSIST_MODES,
@@ -405,7 +405,9 @@ class Engine:
         else:
             try:
                 write_snapshot_file(self.fs, tmp, self.state, seq)
-            except OSError as exc:
+            except (OSError, SnapshotRowTooLarge) as exc:
+                # A row too large for a record fails this snapshot, not storage:
+                # the log still holds everything (the fork mode's child exits 1).
                 self.snapshot_error = exc
                 log.error("snapshot %d failed: %s", seq, exc)
                 # A half-written temp file would make every retry at this seq fail

@@ -8,7 +8,9 @@ checksum and count verified.
 
 Promises: `load_snapshot` either returns a state equal (`canonical()`) to the one
 that was written, or raises `SnapshotError` with the offset and reason; a file
-without its END record is never used. Publication (rename, directory sync) is the
+without its END record is never used. A record is cut at 2,048 rows or 4 MiB
+of body, whichever comes first; a larger row goes alone in its record (up to the
+format's 64 MiB). Publication (rename, directory sync) is the
 engine's job, after the log covering the snapshot is durable.
 
 Must not import: asyncio, sockets.
@@ -23,6 +25,7 @@ from typing import Any
 import msgpack
 
 from log_format import (
+    RECORD_BODY_BYTES_MAX,
     RECORD_KIND_SNAPSHOT_BEGIN,
     RECORD_KIND_SNAPSHOT_DEAD_LETTERS,
     RECORD_KIND_SNAPSHOT_DEDUP,
@@ -49,9 +52,17 @@ from sepp.core.snapshot import (
 from sepp.core.state import State
 from sepp.storage.fs import FileSystem
 
-# Rows per record: ~1 MiB of 256-byte jobs, so a snapshot of a million jobs is a
-# few hundred records and a reader never holds more than one chunk of raw rows.
+# A snapshot record is cut by rows and by bytes, whichever comes first
+# (FORMAT.md section 8). Rows: a reader never holds more than one chunk of raw
+# rows as Python objects (2,048 rows of 256-byte jobs, ~0.5 MiB). Bytes: a record
+# body may not pass RECORD_BODY_BYTES_MAX (64 MiB), and 2,048 rows of 32 KiB (or
+# 64 of 1 MiB) would -- every snapshot failed with large jobs (issue 13 §3). The
+# row that would take a body past the budget starts the next record; a row
+# larger than the budget goes alone in its record, which holds any job the
+# configured limits admit (one job's row is below 3 x limits.max_message_bytes
+# plus a few hundred bytes: sepp.core.config.MESSAGE_BYTES_CEILING).
 ROWS_PER_RECORD = 2048
+RECORD_BYTES_BUDGET = 4 * 1024 * 1024
 # Bytes gathered before one write() call (and one fdatasync, see below).
 WRITE_CHUNK_BYTES = 1024 * 1024
 
@@ -67,19 +78,52 @@ class SnapshotError(ValueError):
         self.offset = offset
 
 
-def _chunks(rows: Iterator[list[Any]]) -> Iterator[list[list[Any]]]:
-    chunk: list[list[Any]] = []
+class SnapshotRowTooLarge(ValueError):
+    """One row whose encoding does not fit in a record even alone: the limits
+    that admitted the job are larger than the format allows (a bug; the
+    configuration ceiling keeps it from happening)."""
+
+
+def _record_bodies(
+    rows: Iterator[list[Any]], rows_max: int, bytes_budget: int
+) -> Iterator[tuple[int, bytes]]:
+    """(row count, msgpack body) per record: an array of at most `rows_max` rows
+    whose body stays within `bytes_budget`, unless a single row is larger (it
+    then goes alone). Each row is packed once; the body is the array header and
+    the packed rows joined, the same bytes as packing the list."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pack = packer.pack
+    pieces: list[bytes] = []
+    size = 0
     for row in rows:
-        chunk.append(row)
-        if len(chunk) == ROWS_PER_RECORD:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+        packed = pack(row)
+        if pieces and (len(pieces) == rows_max or size + len(packed) > bytes_budget):
+            yield len(pieces), packer.pack_array_header(len(pieces)) + b"".join(pieces)
+            pieces = []
+            size = 5  # the largest array header
+        elif not pieces:
+            size = 5
+        if size + len(packed) > RECORD_BODY_BYTES_MAX:
+            raise SnapshotRowTooLarge(
+                f"a snapshot row of {len(packed)} bytes does not fit in one record "
+                f"({RECORD_BODY_BYTES_MAX} bytes)"
+            )
+        pieces.append(packed)
+        size += len(packed)
+    if pieces:
+        yield len(pieces), packer.pack_array_header(len(pieces)) + b"".join(pieces)
 
 
-def encode_snapshot(state: State, last_seq: int) -> Iterator[bytes]:
+def encode_snapshot(
+    state: State,
+    last_seq: int,
+    *,
+    rows_per_record: int = ROWS_PER_RECORD,
+    record_bytes_budget: int = RECORD_BYTES_BUDGET,
+) -> Iterator[bytes]:
     """The snapshot file as a stream of byte strings (header, then records)."""
+    if rows_per_record < 1 or not 0 < record_bytes_budget <= RECORD_BODY_BYTES_MAX:
+        raise ValueError("rows_per_record must be >= 1 and record_bytes_budget in 1..64 MiB")
     pack = msgpack.Packer(use_bin_type=True).pack
     yield encode_snapshot_header(last_seq)
     seq = 1
@@ -92,22 +136,29 @@ def encode_snapshot(state: State, last_seq: int) -> Iterator[bytes]:
         (RECORD_KIND_SNAPSHOT_DEDUP, "dedup", export_dedup(state)),
         (RECORD_KIND_SNAPSHOT_DEAD_LETTERS, "dead", export_dead(state)),
     ):
-        for chunk in _chunks(rows):
+        for count, body in _record_bodies(rows, rows_per_record, record_bytes_budget):
             seq += 1
-            counts[name] += len(chunk)
-            yield encode_record(seq, kind, pack(chunk))
+            counts[name] += count
+            yield encode_record(seq, kind, body)
     seq += 1
     counts["records"] = seq
     yield encode_record(seq, RECORD_KIND_SNAPSHOT_END, pack(counts))
 
 
-def write_snapshot_file(fs: FileSystem, path: str, state: State, last_seq: int) -> int:
+def write_snapshot_file(
+    fs: FileSystem,
+    path: str,
+    state: State,
+    last_seq: int,
+    *,
+    record_bytes_budget: int = RECORD_BYTES_BUDGET,
+) -> int:
     """Write the snapshot to `path` (a new file) and sync it. Returns its size."""
     handle = fs.create(path)
     size = 0
     try:
         buffer = bytearray()
-        for piece in encode_snapshot(state, last_seq):
+        for piece in encode_snapshot(state, last_seq, record_bytes_budget=record_bytes_budget):
             buffer += piece
             if len(buffer) >= WRITE_CHUNK_BYTES:
                 fs.write(handle, buffer)

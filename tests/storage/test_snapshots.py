@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import msgpack
 import pytest
 
 from log_format import (
     FILE_HEADER_BYTES,
+    RECORD_BODY_BYTES_MAX,
+    RECORD_KIND_SNAPSHOT_JOBS,
+    Record,
     encode_snapshot_header,
     scan_snapshot_records,
     snapshot_file_name,
@@ -30,7 +34,15 @@ from sepp.core import (
 from sepp.core.state import IN_FLIGHT, READY, SCHEDULED
 from sepp.storage import Engine, RealFileSystem, RecoveryError, StorageOptions
 from sepp.storage.faultfs import FaultyFileSystem
-from sepp.storage.snapshots import SnapshotError, load_snapshot
+from sepp.storage.snapshots import (
+    RECORD_BYTES_BUDGET,
+    SnapshotError,
+    SnapshotRowTooLarge,
+    _record_bodies,
+    encode_snapshot,
+    load_snapshot,
+    write_snapshot_file,
+)
 from tests.storage.helpers import (
     CONFIG,
     DATA_DIR,
@@ -136,6 +148,102 @@ def test_snapshot_round_trip_of_random_states(rng: Any) -> None:
         state, last_seq = load_snapshot(fs, snap_path(seq), CONFIG)
         assert last_seq == seq
         assert state.canonical() == history.state_at(seq).canonical() == engine.state.canonical()
+
+
+# ---------------------------------------------------------------- large jobs
+
+MIB = 1024 * 1024
+
+
+def _snapshot_records(data: bytes) -> list[Any]:
+    return [item for item in scan_snapshot_records(data) if isinstance(item, Record)]
+
+
+def test_seventy_live_jobs_of_one_mib_make_a_loadable_snapshot() -> None:
+    # 64 jobs of 1 MiB filled one 2,048-row record past the 64 MiB record limit:
+    # every snapshot failed (issue 13 §3). Records are now cut by bytes.
+    fs = FaultyFileSystem()
+    engine = open_engine(fs, inline_options())
+    history = History()
+    payload = bytes(range(256)) * (4 * 1024)  # 1 MiB, one object shared by every job
+    for n in range(70):
+        job = NewJob(
+            job_id=numbered_id(n),
+            queue=f"q{n // 32}",
+            job_type="big",
+            payload_data=payload,
+            payload_encoding="raw",
+        )
+        history.executed(*engine.execute(Enqueue(jobs=(job,)), T0 + n))
+    engine.flush()
+    seq = engine.snapshot_now()
+    assert seq == engine.appended_seq == 70
+    data = fs.read(snap_path(seq))
+    bodies = [len(r.body) for r in _snapshot_records(data)]
+    assert max(bodies) <= RECORD_BYTES_BUDGET
+    state, last_seq = load_snapshot(fs, snap_path(seq), CONFIG)
+    assert last_seq == seq
+    assert len(state.jobs) == 70
+    assert state.canonical() == history.state_at(seq).canonical()
+    engine.close()
+
+
+def _state_with_jobs(sizes: list[int]) -> tuple[State, History]:
+    """A state holding one ready job per entry of `sizes`, its payload that long."""
+    fs = FaultyFileSystem()
+    engine = open_engine(fs, inline_options())
+    history = History()
+    for n, size in enumerate(sizes):
+        job = NewJob(
+            job_id=numbered_id(n),
+            queue=f"q{n // 32}",
+            job_type="t",
+            payload_data=b"x" * size,
+            payload_encoding="raw",
+        )
+        history.executed(*engine.execute(Enqueue(jobs=(job,)), T0 + n))
+    assert len(engine.state.jobs) == len(sizes)
+    return engine.state, history
+
+
+@pytest.mark.parametrize("budget", [1, 3_000, 10_000, 50_000])
+def test_snapshot_records_are_cut_by_bytes_and_a_larger_row_goes_alone(
+    budget: int, rng: Any
+) -> None:
+    sizes = [rng.choice((1, 10, 500, 2_000, 9_000, 20_000)) for _ in range(60)]
+    state, _history = _state_with_jobs(sizes)
+    data = b"".join(encode_snapshot(state, 60, record_bytes_budget=budget))
+    jobs_records = [r for r in _snapshot_records(data) if r.kind == RECORD_KIND_SNAPSHOT_JOBS]
+    rows = [msgpack.unpackb(r.body) for r in jobs_records]
+    assert sum(len(chunk) for chunk in rows) == 60
+    for record, chunk in zip(jobs_records, rows, strict=True):
+        # Within the budget, or one row alone that is larger than it.
+        assert len(record.body) <= budget or len(chunk) == 1
+    # Greedy: a record was cut only because its next row would have passed the budget.
+    for record, following in zip(jobs_records, rows[1:], strict=False):
+        assert len(record.body) + len(msgpack.packb(following[0])) > budget
+    fs = FaultyFileSystem()
+    fs.makedirs(SNAP_DIR)
+    write_snapshot_file(fs, snap_path(60), state, 60, record_bytes_budget=budget)
+    loaded, _seq = load_snapshot(fs, snap_path(60), CONFIG)
+    assert loaded.canonical() == state.canonical()
+
+
+def test_snapshot_records_still_hold_at_most_2048_rows() -> None:
+    state, _history = _state_with_jobs([1] * 2_100)
+    data = b"".join(encode_snapshot(state, 2_100))
+    counts = [
+        len(msgpack.unpackb(r.body))
+        for r in _snapshot_records(data)
+        if r.kind == RECORD_KIND_SNAPSHOT_JOBS
+    ]
+    assert counts == [2_048, 52]
+
+
+def test_a_row_too_large_for_any_record_fails_the_snapshot_with_a_typed_error() -> None:
+    huge = ["x" * (RECORD_BODY_BYTES_MAX - 4)]
+    with pytest.raises(SnapshotRowTooLarge, match="does not fit in one record"):
+        list(_record_bodies(iter([huge]), 2048, RECORD_BYTES_BUDGET))
 
 
 # ---------------------------------------------------------------- publication

@@ -24,15 +24,17 @@ from log_format import (
     encode_record,
     snapshot_file_name,
 )
-from sepp.core import CoreConfig
+from sepp.core import CoreConfig, Enqueue
 from sepp.storage import Engine, RealFileSystem, RecoveryError
 from sepp.storage.replay import ReplayError, replay_record
 from sepp.storage.snapshots import write_snapshot_file
 from tests.storage.helpers import numbered_id
 from tests.tools.helpers import (
     CONFIG,
+    T0,
     LiveLog,
     flip_bit,
+    job,
     locate,
     options,
     reencode,
@@ -393,6 +395,33 @@ def test_snapshot_that_does_not_match_its_log_is_reported(scripted: LiveLog) -> 
             f"{numbered_id(2)}: worker_id 'intruder' in the snapshot, 'w1' in the log)",
         )
     ]
+
+
+def test_nan_in_a_custom_map_does_not_make_a_snapshot_differ_from_its_log(
+    tmp_path: Path,
+) -> None:
+    # NaN != NaN: compared as Python values, a snapshot holding a job whose custom
+    # map has a NaN (any producer may send one) was reported as corrupt (issue 13
+    # §7). Floats are compared as the format stores them, bit for bit.
+    live = LiveLog.open(tmp_path / "data", snapshot_at=(2,))
+    nan = float("nan")
+    live.run(Enqueue(jobs=(job(0, custom={"score": nan, "n": 1}),)), T0 + 1_000)
+    live.run(Enqueue(jobs=(job(1, custom={"zero": -0.0, "x": 1.5}),)), T0 + 2_000)
+    live.close()
+    report = run(live.data_dir)
+    assert report.problems == []
+    assert [s.verdict for s in report.snapshots] == ["match"]
+
+
+def test_a_float_that_differs_in_a_custom_map_is_still_a_mismatch(scripted: LiveLog) -> None:
+    state = replay_to(open_data_dir(str(scripted.data_dir)), until_seq=30).state
+    assert state is not None
+    state.jobs[numbered_id(8)].custom = {"score": float("nan")}
+    name = snapshot_file_name(30)
+    write_snapshot_file(RealFileSystem(), str(scripted.data_dir / "snapshots" / name), state, 30)
+    report = run(scripted.data_dir)
+    assert [(p.kind, p.seq) for p in report.problems] == [("snapshot-mismatch", 30)]
+    assert "custom" in report.problems[0].reason
 
 
 def test_snapshot_newer_than_the_log_is_an_error(scripted: LiveLog) -> None:
