@@ -49,6 +49,24 @@ _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _TIMEDELTA_MAX_MS = timedelta.max // ONE_MS
 
+# A nack's reason is cut to this many UTF-8 bytes before it is sent: a server
+# refuses a longer one (max_reason_bytes, which it never sets below this), and a
+# refused nack would leave the job to its lease.
+REASON_BYTES_MAX = 4096
+_REASON_CUT_MARK = " [cut]"
+
+
+def reason_within_limit(reason: str) -> str:
+    """`reason`, or its first REASON_BYTES_MAX UTF-8 bytes (ending with " [cut]",
+    never splitting a character) when it is longer."""
+    if len(reason) <= REASON_BYTES_MAX // 4:  # at most 4 bytes a character
+        return reason
+    encoded = reason.encode("utf-8", "surrogatepass")
+    if len(encoded) <= REASON_BYTES_MAX:
+        return reason
+    room = REASON_BYTES_MAX - len(_REASON_CUT_MARK)
+    return encoded[:room].decode("utf-8", "ignore") + _REASON_CUT_MARK
+
 
 # -- time ---------------------------------------------------------------------------
 
@@ -347,6 +365,16 @@ def _info_ms(body: Mapping[str, Any], name: str) -> timedelta:
     return timedelta.max if ms > _TIMEDELTA_MAX_MS else timedelta(milliseconds=ms)
 
 
+# Reported by servers since issue 13; read leniently (defaults otherwise).
+_FIELD_LIMITS = (
+    "max_trace_context_bytes",
+    "max_encoding_bytes",
+    "max_worker_id_bytes",
+    "max_reason_bytes",
+    "max_stats_queues",
+)
+
+
 def server_info_from_wire(body: Mapping[str, Any]) -> ServerInfo:
     """A server_info answer (PROTOCOL.md §5.7)."""
     version = _info(body, "server_version", str)
@@ -386,6 +414,11 @@ def server_info_from_wire(body: Mapping[str, Any]) -> ServerInfo:
             if type(retention) is int
             else timedelta(0),
             persist_mode=mode if isinstance(mode, str) else "",
+            **{
+                name: body[name]
+                for name in _FIELD_LIMITS
+                if type(body.get(name)) is int and body[name] > 0
+            },
         )
     except OverflowError as exc:
         raise ServerInfoError("a server info duration is out of range") from exc

@@ -670,7 +670,9 @@ class SeppClient:
         reason: str = "",
     ) -> bool:
         """Report failure. `retry` chooses what happens next; `reason` is kept
-        as the job's last reason. Returns ``True`` if the job was dead-lettered
+        as the job's last reason (cut to its first 4096 UTF-8 bytes, ending
+        with " [cut]", when longer: servers refuse more).
+        Returns ``True`` if the job was dead-lettered
         (by `RetryDirective.DEAD_LETTER`, or because this was its last
         attempt). Fencing errors as for `ack`.
         """
@@ -692,7 +694,9 @@ class SeppClient:
         else:
             raise ValueError(f"unknown retry directive {retry.kind!r}")
         if reason:
-            body["reason"] = reason
+            # Cut to the byte limit every server accepts: a refused nack would
+            # leave the job leased until its lease expires.
+            body["reason"] = _convert.reason_within_limit(reason)
         with _otel.client_span("sepp.nack"):
             answer = await self._call(OP_NACK, body, retry_safe=True)
         dead_lettered = answer.get("dead_lettered")
@@ -780,6 +784,16 @@ class SeppClient:
                     raw,
                 )
                 undecodable.append(_convert.undecodable_dead_letter(raw, exc))
+        too_large = answer.get("too_large")
+        if isinstance(too_large, list) and too_large:
+            # Records no answer can carry stay on the server, undeleted
+            # (PROTOCOL.md 5.6): say so, for they never come back from a drain.
+            logger.warning(
+                "%d dead letter(s) are too large for any drain answer and stay on the "
+                "server (requeue them, or let retention expire them): %r",
+                len(too_large),
+                too_large,
+            )
         if undecodable:
             raise UndecodableDeadLetterError(records, undecodable)
         return records

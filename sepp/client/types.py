@@ -430,6 +430,13 @@ class ServerInfo:
     max_message_bytes: int = 16 * 1024 * 1024
     dead_letter_retention: timedelta = timedelta(0)
     persist_mode: str = ""
+    # The byte limits of client-supplied strings (PROTOCOL.md 6); an older server
+    # does not report them, and these defaults are the server's.
+    max_trace_context_bytes: int = 2048
+    max_encoding_bytes: int = 256
+    max_worker_id_bytes: int = 256
+    max_reason_bytes: int = 4096
+    max_stats_queues: int = 1024
 
 
 class DeadLetterCause(enum.Enum):

@@ -173,6 +173,10 @@ class DrainDeadLetters:
 
     queue: str | None = None
     max_records: int = 1
+    # Stop adding records once their answer bytes would pass this (the edge sets
+    # it from its frame limit); a record larger than it alone is never taken.
+    # None = no cap.
+    max_bytes: int | None = None
     KIND: ClassVar[int] = 7
 
     @property

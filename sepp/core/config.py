@@ -41,6 +41,20 @@ class Limits:
     max_queue_name_bytes: int = 512
     max_job_type_bytes: int = 256
     max_idempotency_key_bytes: int = 256
+    # Client-supplied strings that had no bound before (issue 13: a 15 MiB traceparent
+    # on 40 jobs made a 600 MiB reserve answer). Each is refused past its limit, in
+    # UTF-8 bytes: a job's as an invalid_request rejection, a command's as
+    # invalid_argument.
+    # traceparent + tracestate together (W3C: a traceparent is 55 bytes, tracestate
+    # is propagated up to 512 characters).
+    max_trace_context_bytes: int = 2048
+    # A payload's encoding (a media type: RFC 6838 allows 127 + 1 + 127 characters).
+    max_encoding_bytes: int = 256
+    max_worker_id_bytes: int = 256
+    # A nack's reason and an operator's dead-letter reason (kept as last_reason).
+    max_reason_bytes: int = 4096
+    # Queue names one queue_stats request may list (after removing repeats).
+    max_stats_queues: int = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +122,11 @@ def validate_config(config: CoreConfig) -> None:
         "max_message_bytes",
         "max_job_type_bytes",
         "max_idempotency_key_bytes",
+        "max_trace_context_bytes",
+        "max_encoding_bytes",
+        "max_worker_id_bytes",
+        "max_reason_bytes",
+        "max_stats_queues",
     ):
         if getattr(lim, name) < 1:
             raise ConfigError(f"limits.{name}", "must be at least 1")

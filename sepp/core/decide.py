@@ -98,6 +98,7 @@ from sepp.core.state import (
     READY,
     SCHEDULED,
     TIME_MS_MAX,
+    DeadLetter,
     Job,
     State,
 )
@@ -109,6 +110,24 @@ INT64_MAX = 2**63 - 1
 
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UUID_MATCH = _UUID_RE.fullmatch
+
+
+# Bounds on the msgpack size of what an answer carries (PROTOCOL.md 5.2, 5.6), so a
+# reserve or drain answer is kept within one frame without encoding it first. The
+# fixed part of a delivered job: its 12 keys and map headers, the id, six integers
+# at 9 bytes each, and a 5-byte header for each string and the payload (296 bytes;
+# tests/server/test_answer_caps.py checks the bound against the real encoding).
+JOB_ANSWER_FIXED_BYTES = 320
+# A custom entry beyond its key's and string value's own bytes: two 5-byte
+# headers, or a key header and a 9-byte number.
+CUSTOM_ENTRY_FIXED_BYTES = 14
+# A drained record beyond its job and its last reason: 5 keys, the cause, two
+# integers and a header for the reason (92 bytes).
+DEAD_LETTER_ANSWER_FIXED_BYTES = 128
+# A drain lists at most this many records too large for any answer (left in the
+# store), each at most this many bytes ({"job_id": ..., "bytes": ...}).
+DRAIN_TOO_LARGE_LISTED_MAX = 16
+DRAIN_TOO_LARGE_ENTRY_BYTES = 64
 
 
 class Decision(NamedTuple):
@@ -186,12 +205,35 @@ def _queue_name_error(name: object) -> str | None:
     return None
 
 
-def _optional_worker_id(worker_id: object) -> str | None:
+def _optional_worker_id(worker_id: object, max_bytes: int) -> str | None:
     if worker_id is None:
         return None
     if not isinstance(worker_id, str) or not worker_id:
         return "worker_id must be a non-empty string when given"
-    return None
+    return _too_long("worker_id", worker_id, max_bytes, "max_worker_id_bytes")
+
+
+def _too_long(what: str, value: str, max_bytes: int, limit_name: str) -> str | None:
+    """Why `value` is over its limit of `max_bytes` UTF-8 bytes, or None. A string
+    of more characters than the limit is over it whatever its encoding: no need to
+    encode a huge one to say so."""
+    chars = len(value)
+    if chars <= max_bytes // 4:  # at most 4 bytes per character: cannot be over
+        return None
+    if chars > max_bytes:
+        return f"{what} is over {limit_name} ({max_bytes} bytes): at least {chars} bytes"
+    size = _utf8_len(value)
+    if size <= max_bytes:
+        return None
+    return f"{what} is over {limit_name} ({max_bytes} bytes): {size} bytes"
+
+
+def _optional_reason(reason: object, max_bytes: int) -> str | None:
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        return "reason must be a string"
+    return _too_long("reason", reason, max_bytes, "max_reason_bytes")
 
 
 def _fence(state: State, job_id: object, attempt: object) -> Job | CommandError:
@@ -296,6 +338,11 @@ def validate_new_job(state: State, job: NewJob, now: int) -> Rejection | None:
             return InvalidRequest("payload data must be non-empty bytes")
         if not isinstance(encoding, str) or not encoding:
             return InvalidRequest("payload encoding must be a non-empty string")
+        problem = _too_long(
+            "payload encoding", encoding, limits.max_encoding_bytes, "max_encoding_bytes"
+        )
+        if problem is not None:
+            return InvalidRequest(problem)
     if key is not None:
         if not isinstance(key, str) or not key:
             return InvalidRequest("idempotency_key must be a non-empty string when given")
@@ -311,6 +358,16 @@ def validate_new_job(state: State, job: NewJob, now: int) -> Rejection | None:
             return InvalidRequest("trace context needs a non-empty traceparent")
         if tracestate is not None and not isinstance(tracestate, str):
             return InvalidRequest("tracestate must be a string")
+        # Both parts together: what the job carries into every answer that holds it.
+        trace_max = limits.max_trace_context_bytes
+        chars = len(traceparent) + (0 if tracestate is None else len(tracestate))
+        if chars > trace_max // 4:  # else under the limit whatever the encoding
+            size = _utf8_len(traceparent) + (0 if tracestate is None else _utf8_len(tracestate))
+            if size > trace_max:
+                return InvalidRequest(
+                    "trace context (traceparent + tracestate) is over "
+                    f"max_trace_context_bytes ({trace_max} bytes): {size}"
+                )
     if scheduled_at is not None and not _is_int(scheduled_at):
         return InvalidRequest("scheduled_at must be an integer time in ms")
     if scheduled_at is not None and scheduled_at > TIME_MS_MAX:
@@ -554,7 +611,7 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
         return InvalidArgument("max_jobs must be >= 1")
     if max_bytes is not None and (not _is_int(max_bytes) or max_bytes < 0):
         return InvalidArgument("max_bytes must be an integer >= 0 when given")
-    problem = _optional_worker_id(worker_id)
+    problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
     want = min(max_jobs, limits.max_reserve_batch)
@@ -600,12 +657,47 @@ def _first_ready(state: State, queues: tuple[str, ...]) -> list[Job]:
     return []
 
 
+def job_answer_bytes(job: Job) -> int:
+    """An upper bound on the bytes `job` takes in an answer (its msgpack map as
+    delivered): every field counts, not only the payload."""
+    size = JOB_ANSWER_FIXED_BYTES + _utf8_len(job.queue) + _utf8_len(job.job_type)
+    data = job.payload_data
+    if data is not None:
+        size += len(data)
+        encoding = job.payload_encoding
+        if encoding is not None:
+            size += _utf8_len(encoding)
+    traceparent = job.traceparent
+    if traceparent is not None:
+        size += _utf8_len(traceparent)
+    tracestate = job.tracestate
+    if tracestate is not None:
+        size += _utf8_len(tracestate)
+    custom = job.custom
+    if custom:
+        for key, value in custom.items():
+            size += CUSTOM_ENTRY_FIXED_BYTES + _utf8_len(key)
+            if isinstance(value, str):
+                size += _utf8_len(value)
+    return size
+
+
+def dead_letter_answer_bytes(record: DeadLetter) -> int:
+    """An upper bound on the bytes `record` takes in a drain answer."""
+    size = DEAD_LETTER_ANSWER_FIXED_BYTES + job_answer_bytes(record.job)
+    reason = record.last_reason
+    if reason is not None:
+        size += _utf8_len(reason)
+    return size
+
+
 def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | None) -> list[Job]:
     """Up to `want` Ready jobs from `queues` in the order given, each queue by
     priority then age."""
     picked: list[Job] = []
-    # A reply must fit in one frame: stop adding jobs once their payloads would
-    # pass the cap (one job is always delivered, whatever its size).
+    # A reply must fit in one frame: stop adding jobs once their answer bytes
+    # (every field, not only the payload) would pass the cap (one job is always
+    # delivered, whatever its size).
     bytes_left = max_bytes if max_bytes is not None else -1
     for name in dict.fromkeys(queues):
         q = state.queues.get(name)
@@ -625,7 +717,7 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
                 if job.entry is not entry:
                     continue
                 if bytes_left >= 0:
-                    size = len(job.payload_data) if job.payload_data is not None else 0
+                    size = job_answer_bytes(job)
                     if picked and size > bytes_left:
                         return picked
                     bytes_left = max(0, bytes_left - size)
@@ -642,7 +734,7 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
 def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
     fields: tuple[object, ...] = cmd
     job_id, attempt, worker_id = fields
-    problem = _optional_worker_id(worker_id)
+    problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
     job = _fence(state, job_id, attempt)
@@ -660,7 +752,7 @@ def _decide_release(state: State, cmd: Release, now: int) -> Decision | CommandE
     the same number."""
     fields: tuple[object, ...] = cmd
     job_id, attempt, worker_id = fields
-    problem = _optional_worker_id(worker_id)
+    problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
     job = _fence(state, job_id, attempt)
@@ -705,11 +797,12 @@ def _dead_letter_event(
 def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
     fields: tuple[object, ...] = cmd
     job_id, attempt, retry, delay_ms, reason, worker_id = fields
-    problem = _optional_worker_id(worker_id)
+    problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
-    if reason is not None and not isinstance(reason, str):
-        return InvalidArgument("reason must be a string")
+    problem = _optional_reason(reason, state.config.limits.max_reason_bytes)
+    if problem is not None:
+        return InvalidArgument(problem)
     if type(retry) is not str or retry not in (RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER):
         return InvalidArgument(f"unknown retry directive {retry!r:.60}")
     if retry == RETRY_DELAY and (not _is_int(delay_ms) or delay_ms < 0):
@@ -743,7 +836,7 @@ def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
 def _decide_extend(state: State, cmd: Extend, now: int) -> Decision | CommandError:
     fields: tuple[object, ...] = cmd
     job_id, attempt, lease_ms, worker_id = fields
-    problem = _optional_worker_id(worker_id)
+    problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
     if not _is_int(lease_ms) or lease_ms <= 0:
@@ -764,25 +857,64 @@ def _decide_extend(state: State, cmd: Extend, now: int) -> Decision | CommandErr
 
 
 def _decide_drain(state: State, cmd: DrainDeadLetters, now: int) -> Decision | CommandError:
+    """Up to `max_records` dead letters, oldest first, deleted by the same record
+    that answers: so the answer must carry every record it deletes. With a byte
+    cap (the edge sets it from its frame limit) it stops before the first record
+    that would pass it, and a record larger than the whole cap -- one no answer
+    can carry (a job stored under older, looser limits, or a payload limit close
+    to the frame limit) -- is never taken: it stays in the store and is listed
+    in `too_large` (at most DRAIN_TOO_LARGE_LISTED_MAX of them), so a drain
+    never deletes what it cannot deliver."""
+    limits = state.config.limits
     queue = _field(cmd, "queue")
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        return InvalidArgument("queue must be a non-empty string when given")
+    if queue is not None:
+        if not isinstance(queue, str) or not queue:
+            return InvalidArgument("queue must be a non-empty string when given")
+        problem = _too_long("queue", queue, limits.max_queue_name_bytes, "max_queue_name_bytes")
+        if problem is not None:
+            return InvalidArgument(problem)
     max_records = _field(cmd, "max_records")
     if not _is_int(max_records) or max_records < 1:
         return InvalidArgument("max must be >= 1")
-    want = min(cmd.max_records, state.config.limits.max_reserve_batch)
+    max_bytes = _field(cmd, "max_bytes")
+    if max_bytes is not None and (not _is_int(max_bytes) or max_bytes < 0):
+        return InvalidArgument("max_bytes must be an integer >= 0 when given")
+    want = min(cmd.max_records, limits.max_reserve_batch)
     if cmd.queue is None:
         source = state.dead
     else:
         q = state.queues.get(cmd.queue)
         source = q.dead if q is not None else {}
-    records = []
+    cap = cmd.max_bytes
+    bytes_left = cap if cap is not None else -1
+    # Records too large for any answer are passed over; the scan past them is
+    # bounded like the sweep's, so a store full of them cannot stall the loop.
+    passed_over = 0
+    records: list[DeadLetter] = []
+    too_large: list[tuple[str, int]] = []
     for record in source.values():
+        if cap is not None:
+            size = dead_letter_answer_bytes(record)
+            if size > cap:
+                if (
+                    len(too_large) < DRAIN_TOO_LARGE_LISTED_MAX
+                    and bytes_left >= DRAIN_TOO_LARGE_ENTRY_BYTES
+                ):
+                    too_large.append((record.job.job_id, size))
+                    bytes_left -= DRAIN_TOO_LARGE_ENTRY_BYTES
+                passed_over += 1
+                if passed_over >= state.config.sweep_limit:
+                    break
+                continue
+            if size > bytes_left:
+                break  # the answer is full: the next drain takes it
+            bytes_left -= size
         records.append(record)
         if len(records) == want:
             break
     events = tuple(DeadLetterDrained(job_id=r.job.job_id) for r in records)
-    return Decision(events, now, DrainResult(tuple(r.view() for r in records)), NOTHING_WOKEN)
+    reply = DrainResult(tuple(r.view() for r in records), tuple(too_large))
+    return Decision(events, now, reply, NOTHING_WOKEN)
 
 
 def _operator_ids(command: DeadLetterJobs | RequeueDeadLetters) -> tuple[object, ...] | str:
@@ -799,9 +931,9 @@ def _operator_ids(command: DeadLetterJobs | RequeueDeadLetters) -> tuple[object,
 def _decide_dead_letter_jobs(
     state: State, cmd: DeadLetterJobs, now: int
 ) -> Decision | CommandError:
-    reason = _field(cmd, "reason")
-    if reason is not None and not isinstance(reason, str):
-        return InvalidArgument("reason must be a string")
+    problem = _optional_reason(_field(cmd, "reason"), state.config.limits.max_reason_bytes)
+    if problem is not None:
+        return InvalidArgument(problem)
     job_ids = _operator_ids(cmd)
     if isinstance(job_ids, str):
         return InvalidArgument(job_ids)

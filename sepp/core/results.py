@@ -327,6 +327,9 @@ class DeadLetterView(NamedTuple):
 
 class DrainResult(NamedTuple):
     records: tuple[DeadLetterView, ...]
+    # (job id, answer bytes) of records no answer within the cap could carry:
+    # left in the store, never deleted by a drain (PROTOCOL.md 5.6).
+    too_large: tuple[tuple[str, int], ...] = ()
 
 
 class SweepResult(NamedTuple):

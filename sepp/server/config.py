@@ -120,6 +120,20 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_queue_name_bytes": Key("int", _LIMIT_DEFAULTS.max_queue_name_bytes, "1..65535", 1),
         "max_job_type_bytes": Key("int", _LIMIT_DEFAULTS.max_job_type_bytes, "", 1),
         "max_idempotency_key_bytes": Key("int", _LIMIT_DEFAULTS.max_idempotency_key_bytes, "", 1),
+        "max_trace_context_bytes": Key(
+            "int", _LIMIT_DEFAULTS.max_trace_context_bytes, "traceparent + tracestate", 1
+        ),
+        "max_encoding_bytes": Key("int", _LIMIT_DEFAULTS.max_encoding_bytes, "payload encoding", 1),
+        "max_worker_id_bytes": Key("int", _LIMIT_DEFAULTS.max_worker_id_bytes, "", 1),
+        "max_reason_bytes": Key(
+            "int",
+            _LIMIT_DEFAULTS.max_reason_bytes,
+            "nack reason; at least 4096 (the Python client cuts reasons to 4096)",
+            4096,
+        ),
+        "max_stats_queues": Key(
+            "int", _LIMIT_DEFAULTS.max_stats_queues, "names one queue_stats may list", 1
+        ),
         "max_schedule_horizon_ms": Key("int", _POLICY_DEFAULTS.max_schedule_horizon_ms, "", 0),
         "allowed_encodings": Key("opt_str_list", None, "unset = any; [] = no payloads"),
     },

@@ -88,9 +88,11 @@ _new_tuple = tuple.__new__
 WRITE_BUFFER_HIGH = 1024 * 1024
 WRITE_BUFFER_LOW = 256 * 1024
 
-# Room kept in a reserve answer for everything but the payloads: the envelope and
-# up to 256 jobs' metadata (ids, names, custom maps within their own limits).
-RESERVE_FRAME_OVERHEAD_BYTES_MAX = 4 * 1024 * 1024
+# Room kept in a reserve or drain answer for its envelope: [request_id, "ok",
+# {"jobs" | "records": [...], "too_large": [...]}] headers (42 bytes at most). The
+# core counts every byte of every job and record against the rest
+# (decide.job_answer_bytes), so an answer always fits one frame.
+ANSWER_ENVELOPE_BYTES_MAX = 128
 
 # Releasing the jobs of an unwritable reserve answer while the commit backlog is
 # full: try again every RELEASE_RETRY_S, at most RELEASE_TRIES_MAX times (~1 s),
@@ -160,9 +162,7 @@ class SeppServer:
         self.max_in_flight = server["max_in_flight_per_connection"]
         self.output_buffer_max = server["output_buffer_bytes_max"]
         self.frame_bytes_max = config.get("limits", "max_message_bytes")
-        self.reserve_payload_bytes_max = self.frame_bytes_max - min(
-            self.frame_bytes_max // 2, RESERVE_FRAME_OVERHEAD_BYTES_MAX
-        )
+        self.answer_items_bytes_max = self.frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX
         self.sweep_interval_ms = config.get("storage", "sweep_interval_ms")
         self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
 
@@ -922,7 +922,7 @@ class ClientConnection(asyncio.Protocol):
         # Positional, in Reserve's field order (queues, lease_ms, max_jobs,
         # worker_id, max_bytes): a reserve per request is the worker's hot path.
         # max_bytes keeps the answer within one frame of the client's (= our)
-        # limit, leaving room for the envelope and job metadata.
+        # limit, leaving room for the envelope.
         command: Reserve = _new_tuple(
             Reserve,
             (
@@ -930,7 +930,7 @@ class ClientConnection(asyncio.Protocol):
                 body.lease_ms,
                 body.max_jobs,
                 body.worker_id,
-                server.reserve_payload_bytes_max,
+                server.answer_items_bytes_max,
             ),
         )
         decision, barrier = server.run(command)
@@ -1010,8 +1010,14 @@ class ClientConnection(asyncio.Protocol):
     def op_drain_dead_letters(self, request_id: int, body: pm.DrainBody) -> None:
         if self.server.stopping:
             return self._shutting_down(request_id)
+        # max_bytes: the answer must fit one frame, for the records it carries are
+        # deleted by the same record (PROTOCOL.md 5.6).
         decision, barrier = self.server.run(
-            DrainDeadLetters(queue=body.queue, max_records=body.max_records)
+            DrainDeadLetters(
+                queue=body.queue,
+                max_records=body.max_records,
+                max_bytes=self.server.answer_items_bytes_max,
+            )
         )
         if type(decision) is Decision and decision.events:
             log.warning(
@@ -1040,6 +1046,11 @@ class ClientConnection(asyncio.Protocol):
             "max_queue_name_bytes": limits.max_queue_name_bytes,
             "max_job_type_bytes": limits.max_job_type_bytes,
             "max_idempotency_key_bytes": limits.max_idempotency_key_bytes,
+            "max_trace_context_bytes": limits.max_trace_context_bytes,
+            "max_encoding_bytes": limits.max_encoding_bytes,
+            "max_worker_id_bytes": limits.max_worker_id_bytes,
+            "max_reason_bytes": limits.max_reason_bytes,
+            "max_stats_queues": limits.max_stats_queues,
             "max_schedule_horizon_ms": policy.max_schedule_horizon_ms,
             "max_enqueue_batch": limits.max_enqueue_batch,
             "max_reserve_batch": limits.max_reserve_batch,
@@ -1064,7 +1075,22 @@ class ClientConnection(asyncio.Protocol):
         assert engine is not None
         state = engine.state
         now = server.clock()
-        names = body.queues if body.queues is not None else sorted(state.queues)
+        if body.queues is None:
+            names = sorted(state.queues)
+        else:
+            # Repeats are answered once; past max_stats_queues distinct names the
+            # request is refused (4 million repeated names once made a 278 MiB
+            # answer and a 7 s stall).
+            names = list(dict.fromkeys(body.queues))
+            limits = server.core_config.limits
+            if len(names) > limits.max_stats_queues:
+                self.error(
+                    request_id,
+                    perr.INVALID_ARGUMENT,
+                    f"queue_stats lists at most {limits.max_stats_queues} distinct queues "
+                    f"(max_stats_queues), got {len(names)}",
+                )
+                return
         stats = []
         for name in names:
             q = state.queues.get(name)
@@ -1114,7 +1140,10 @@ def _extend_body(reply: ExtendResult) -> dict[str, Any]:
 
 
 def _drain_body(reply: DrainResult) -> dict[str, Any]:
-    return {"records": [dead_letter_body(r) for r in reply.records]}
+    body: dict[str, Any] = {"records": [dead_letter_body(r) for r in reply.records]}
+    if reply.too_large:
+        body["too_large"] = [{"job_id": job_id, "bytes": size} for job_id, size in reply.too_large]
+    return body
 
 
 _HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {

@@ -131,7 +131,7 @@ COMMAND_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     # delay_ms is only read with retry="delay"; the test of that pairing is below.
     "extend": {"job_id": _str, "attempt": _int, "lease_ms": _int, "worker_id": _opt(_str)},
     "release": {"job_id": _str, "attempt": _int, "worker_id": _opt(_str)},
-    "drain": {"queue": _opt(_str), "max_records": _int},
+    "drain": {"queue": _opt(_str), "max_records": _int, "max_bytes": _opt(_int)},
     "dead_letter": {"job_ids": lambda v: type(v) is tuple, "reason": _opt(_str)},
     "requeue": {"job_ids": lambda v: type(v) is tuple},
 }

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from sepp.core import RETRY_DELAY, CoreConfig, NewJob, Reserve
+from sepp.core.decide import job_answer_bytes
 from tests.core.helpers import NOW, Harness, make_job, ordered_ids
 
 
@@ -172,16 +173,27 @@ def _sized(size: int) -> NewJob:
     return make_job(payload_data=b"x" * size, payload_encoding="bin")
 
 
+def _answer_bytes(job: NewJob) -> int:
+    h = Harness()
+    [job_id] = h.enqueue(job, now=NOW)
+    return job_answer_bytes(h.job(job_id))
+
+
+# A job of `_sized(10)` in an answer: its payload and everything else it carries.
+TEN = _answer_bytes(_sized(10))
+
+
 @pytest.mark.parametrize(
     ("sizes", "max_bytes", "delivered"),
     [
         pytest.param([10, 10, 10], None, 3, id="no cap"),
-        pytest.param([10, 10, 10], 25, 2, id="stops before the job that would pass the cap"),
-        pytest.param([10, 10, 10], 30, 3, id="a cap met exactly"),
+        pytest.param([10, 10, 10], 2 * TEN + TEN // 2, 2, id="stops before the job that would pass the cap"),
+        pytest.param([10, 10, 10], 3 * TEN, 3, id="a cap met exactly"),
         pytest.param([100, 1], 5, 1, id="one job is delivered whatever its size"),
         pytest.param([10, 1, 1], 5, 1, id="order is kept: no smaller job jumps the queue"),
+        pytest.param([10, 10], 2 * TEN - 1, 1, id="a job's metadata counts against the cap, not only its payload"),
     ],
-)
+)  # fmt: skip
 def test_a_reserve_stops_adding_jobs_at_its_byte_cap(
     sizes: list[int], max_bytes: int | None, delivered: int
 ) -> None:

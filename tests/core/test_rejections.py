@@ -15,11 +15,14 @@ from sepp.core import (
     Ack,
     Command,
     CoreConfig,
+    DeadLetterJobs,
+    DrainDeadLetters,
     Enqueue,
     Extend,
     Limits,
     Nack,
     QueuePolicy,
+    Release,
     Reserve,
 )
 from sepp.core.results import (
@@ -60,6 +63,16 @@ SHORT_NAMES = CoreConfig(
 )
 SMALL_CUSTOM = CoreConfig().with_queue(
     "q", max_custom_entries=2, max_custom_key_bytes=3, max_custom_total_bytes=1_000
+)
+SHORT_FIELDS = CoreConfig(
+    limits=Limits(
+        max_trace_context_bytes=10,
+        max_encoding_bytes=4,
+        max_worker_id_bytes=4,
+        max_reason_bytes=5,
+        max_queue_name_bytes=5,
+    ),
+    dead_letter_retention_ms=60_000,
 )
 NEAR_HORIZON = CoreConfig().with_queue("q", max_schedule_horizon_ms=1_000)
 ENDLESS_HORIZON = CoreConfig().with_queue("q", max_schedule_horizon_ms=2**62)
@@ -139,6 +152,16 @@ REJECTION_ROWS = [
     pytest.param(SHORT_NAMES, {"idempotency_key": "abcde"}, IdempotencyKeyTooLong(4, 5), id="an idempotency key over the byte limit"),
     pytest.param(SHORT_NAMES, {"idempotency_key": "abcd"}, ACCEPT, id="an idempotency key at the byte limit"),
     pytest.param(CoreConfig(), {"idempotency_key": "k" * 257}, IdempotencyKeyTooLong(256, 257), id="the default idempotency key limit is 256 bytes"),
+    # Trace context and encoding (issue 13): refused past their byte limits
+    pytest.param(SHORT_FIELDS, {"traceparent": "t" * 11}, InvalidRequest, id="a traceparent over max_trace_context_bytes"),
+    pytest.param(SHORT_FIELDS, {"traceparent": "t" * 6, "tracestate": "s" * 4}, ACCEPT, id="a trace context at the limit"),
+    pytest.param(SHORT_FIELDS, {"traceparent": "t" * 6, "tracestate": "s" * 5}, InvalidRequest, id="the tracestate counts against the trace context limit"),
+    pytest.param(SHORT_FIELDS, {"traceparent": "é" * 6}, InvalidRequest, id="trace context length is counted in UTF-8 bytes"),
+    pytest.param(CoreConfig(), {"traceparent": "t" * 2049}, InvalidRequest, id="the default trace context limit is 2048 bytes"),
+    pytest.param(CoreConfig(), {"traceparent": "t" * 15 * 1024 * 1024}, InvalidRequest, id="a 15 MiB traceparent is refused"),
+    pytest.param(SHORT_FIELDS, {"payload_data": b"x", "payload_encoding": "abcde"}, InvalidRequest, id="a payload encoding over max_encoding_bytes"),
+    pytest.param(SHORT_FIELDS, {"payload_data": b"x", "payload_encoding": "abcd"}, ACCEPT, id="a payload encoding at the limit"),
+    pytest.param(CoreConfig(), {"payload_data": b"x", "payload_encoding": "e" * 257}, InvalidRequest, id="the default encoding limit is 256 bytes"),
     # ScheduledTooFar
     pytest.param(NEAR_HORIZON, {"scheduled_at": NOW + 1_001}, ScheduledTooFar(1_000, NOW + 1_001), id="scheduled beyond the per-queue horizon"),
     pytest.param(NEAR_HORIZON, {"scheduled_at": NOW + 1_000}, ACCEPT, id="scheduled exactly at the horizon"),
@@ -462,6 +485,20 @@ WHOLE_REQUEST_ROWS = [
     pytest.param(CoreConfig(), lambda j: Extend(job_id=j, attempt=0, lease_ms=1), InvalidArgument, id="extend of attempt 0"),
     pytest.param(CoreConfig(), lambda j: Extend(job_id=j, attempt=1, lease_ms=0), InvalidArgument, id="extend with a lease of 0"),
     pytest.param(CoreConfig(), lambda j: Extend(job_id=j, attempt=1, lease_ms=-1), InvalidArgument, id="extend with a negative lease"),
+    # Client-supplied strings past their byte limits (issue 13)
+    pytest.param(SHORT_FIELDS, lambda j: Reserve(queues=("q",), lease_ms=1, worker_id="abcde"), InvalidArgument, id="a reserve worker id over max_worker_id_bytes"),
+    pytest.param(SHORT_FIELDS, lambda j: Reserve(queues=("q",), lease_ms=1, worker_id="ééé"), InvalidArgument, id="worker id length is counted in UTF-8 bytes"),
+    pytest.param(CoreConfig(), lambda j: Reserve(queues=("q",), lease_ms=1, worker_id="w" * 257), InvalidArgument, id="the default worker id limit is 256 bytes"),
+    pytest.param(SHORT_FIELDS, lambda j: Ack(job_id=j, attempt=1, worker_id="abcde"), InvalidArgument, id="an ack worker id over the limit"),
+    pytest.param(SHORT_FIELDS, lambda j: Nack(job_id=j, attempt=1, worker_id="abcde"), InvalidArgument, id="a nack worker id over the limit"),
+    pytest.param(SHORT_FIELDS, lambda j: Extend(job_id=j, attempt=1, lease_ms=1, worker_id="abcde"), InvalidArgument, id="an extend worker id over the limit"),
+    pytest.param(SHORT_FIELDS, lambda j: Release(job_id=j, attempt=1, worker_id="abcde"), InvalidArgument, id="a release worker id over the limit"),
+    pytest.param(SHORT_FIELDS, lambda j: Nack(job_id=j, attempt=1, reason="abcdef"), InvalidArgument, id="a nack reason over max_reason_bytes"),
+    pytest.param(SHORT_FIELDS, lambda j: Nack(job_id=j, attempt=1, reason="ééé"), InvalidArgument, id="reason length is counted in UTF-8 bytes"),
+    pytest.param(CoreConfig(), lambda j: Nack(job_id=j, attempt=1, reason="r" * 4097), InvalidArgument, id="the default reason limit is 4096 bytes"),
+    pytest.param(SHORT_FIELDS, lambda j: DeadLetterJobs(job_ids=(j,), reason="abcdef"), InvalidArgument, id="an operator dead-letter reason over the limit"),
+    pytest.param(SHORT_FIELDS, lambda j: DrainDeadLetters(queue="abcdef"), InvalidArgument, id="a drain naming a queue over max_queue_name_bytes"),
+    pytest.param(CoreConfig(), lambda j: DrainDeadLetters(max_bytes=-1), InvalidArgument, id="a drain with a negative byte cap"),
 ]  # fmt: skip
 
 
@@ -491,6 +528,11 @@ def test_a_malformed_request_is_refused_as_a_whole(
         pytest.param(CoreConfig(), lambda j: Ack(job_id=j.upper(), attempt=1), id="an ack of an upper-case id"),
         pytest.param(CoreConfig(), lambda j: Nack(job_id=j, attempt=1, retry=RETRY_DELAY, delay_ms=0), id="a nack with a zero delay"),
         pytest.param(CoreConfig(), lambda j: Extend(job_id=j, attempt=1, lease_ms=1), id="an extend of 1 ms"),
+        pytest.param(SHORT_FIELDS, lambda j: Reserve(queues=("q",), lease_ms=1, worker_id="abcd"), id="a worker id at max_worker_id_bytes"),
+        pytest.param(SHORT_FIELDS, lambda j: Ack(job_id=j, attempt=1, worker_id="éé"), id="a worker id of two-byte characters at the limit"),
+        pytest.param(SHORT_FIELDS, lambda j: Nack(job_id=j, attempt=1, reason="abcde"), id="a nack reason at max_reason_bytes"),
+        pytest.param(CoreConfig(), lambda j: Nack(job_id=j, attempt=1, reason="r" * 4096), id="a nack reason at the default limit"),
+        pytest.param(SHORT_FIELDS, lambda j: DrainDeadLetters(queue="abcde"), id="a drain naming a queue at max_queue_name_bytes"),
     ],
 )  # fmt: skip
 def test_a_request_at_a_whole_request_boundary_is_accepted(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import uuid
 import zlib
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,10 @@ from sepp.core import (
     QueuePolicy,
     Release,
     Sweep,
+)
+from sepp.core.decide import (
+    DRAIN_TOO_LARGE_ENTRY_BYTES,
+    dead_letter_answer_bytes,
 )
 from sepp.core.events import (
     CAUSE_ADMIN,
@@ -768,6 +773,90 @@ def test_drain_refuses_bad_arguments(queue: str | None, max_records: int) -> Non
     h, _ = _three_dead_letters()
     error = h.refuse(DrainDeadLetters(queue=queue, max_records=max_records), now=NOW + 10)
     assert isinstance(error, InvalidArgument)
+
+
+def _dead_letters_of(sizes: list[int], config: CoreConfig = RETAINED) -> tuple[Harness, list[str]]:
+    """Dead letters with payloads of `sizes` bytes, oldest first."""
+    h = Harness(config)
+    ids = []
+    for i, size in enumerate(sizes, start=1):
+        job = make_job(payload_data=b"x" * size, payload_encoding="bin")
+        [job_id] = h.enqueue(job, now=NOW + i)
+        h.dead_letter(job_id, now=NOW + i)
+        ids.append(job_id)
+    return h, ids
+
+
+def _sized_dead_letters(sizes: list[int]) -> tuple[Harness, list[str], int]:
+    """`_dead_letters_of(sizes)` and the answer bytes of a record with a 10-byte
+    payload (the unit the caps below are given in)."""
+    probe, [probe_id] = _dead_letters_of([10])
+    h, ids = _dead_letters_of(sizes)
+    return h, ids, dead_letter_answer_bytes(probe.state.dead[probe_id])
+
+
+LISTED = DRAIN_TOO_LARGE_ENTRY_BYTES
+
+
+@pytest.mark.parametrize(
+    ("sizes", "cap", "delivered", "too_large"),
+    [
+        pytest.param([10, 10, 10], lambda u: None, [0, 1, 2], [], id="no cap takes every record asked for"),
+        pytest.param([10, 10, 10], lambda u: 3 * u, [0, 1, 2], [], id="a cap met exactly"),
+        pytest.param([10, 10, 10], lambda u: 2 * u + u // 2, [0, 1], [], id="stops before the record that would pass the cap"),
+        pytest.param([10, 10], lambda u: 2 * u - 1, [0], [], id="a record's job metadata counts against the cap, not only its payload"),
+        pytest.param([10, 2_000, 10], lambda u: 2 * u + LISTED, [0, 2], [1], id="a record larger than the cap is left in the store and listed"),
+        pytest.param([2_000, 10], lambda u: u + LISTED, [1], [0], id="an oversized oldest record does not block the ones behind it"),
+        pytest.param([2_000], lambda u: u, [], [0], id="a lone record larger than the cap is never deleted"),
+        pytest.param([10, 30, 10], lambda u: 2 * u, [0], [], id="order is kept: a smaller record never jumps one that waits for the next answer"),
+    ],
+)  # fmt: skip
+def test_a_drain_carries_every_record_it_deletes_within_its_byte_cap(
+    sizes: list[int], cap: Any, delivered: list[int], too_large: list[int]
+) -> None:
+    from sepp.core import DrainDeadLetters
+
+    h, ids, unit = _sized_dead_letters(sizes)
+    reply = h.accept(DrainDeadLetters(max_records=10, max_bytes=cap(unit)), now=NOW + 10)
+
+    assert isinstance(reply, DrainResult)
+    assert [r.job.job_id for r in reply.records] == [ids[i] for i in delivered]
+    assert [job_id for job_id, _ in reply.too_large] == [ids[i] for i in too_large]
+    for job_id, size in reply.too_large:
+        assert size == dead_letter_answer_bytes(h.state.dead[job_id])
+    for i, job_id in enumerate(ids):
+        assert h.status(job_id) == ("gone" if i in delivered else "dead")
+    # The record deletes exactly what the answer carries.
+    assert len(h.records[-1][1]) == len(delivered)
+
+
+def test_repeated_capped_drains_deliver_every_record_once_in_order() -> None:
+    from sepp.core import DrainDeadLetters
+
+    h, ids, unit = _sized_dead_letters([10] * 40)
+    seen: list[str] = []
+    for _ in range(40):
+        reply = h.accept(DrainDeadLetters(max_records=256, max_bytes=3 * unit), now=NOW + 10)
+        assert isinstance(reply, DrainResult)
+        if not reply.records:
+            break
+        assert len(reply.records) <= 3
+        seen.extend(r.job.job_id for r in reply.records)
+    assert seen == ids
+    assert h.state.dead == {}
+
+
+def test_a_drain_passes_over_at_most_sweep_limit_oversized_records() -> None:
+    from sepp.core import DrainDeadLetters
+
+    h, ids = _dead_letters_of(
+        [2_000, 2_000, 2_000, 10], CoreConfig(dead_letter_retention_ms=60_000, sweep_limit=2)
+    )
+    reply = h.accept(DrainDeadLetters(max_records=10, max_bytes=1_000), now=NOW + 10)
+    assert isinstance(reply, DrainResult)
+    assert reply.records == ()
+    assert [job_id for job_id, _ in reply.too_large] == ids[:2]
+    assert all(h.status(job_id) == "dead" for job_id in ids)
 
 
 # ---------------------------------------------------------------------------
