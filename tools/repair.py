@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from log_format import FILE_HEADER_BYTES, Record, encode_segment_header, segment_file_name
 from sepp.storage.engine import LOCK_FILE
-from sepp.storage.fs import RealFileSystem
+from sepp.storage.fs import RealFileSystem, make_private_dirs, private_opener
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
 
 from .datadir import ERROR, DataDir, Problem, SegmentFile, SnapshotFile
@@ -278,7 +278,7 @@ def apply_set_aside(plan: SetAsidePlan, backup_dir: str) -> list[str]:
         raise UsageError(f"{backup_dir}: already exists (choose another --backup-dir)")
     root = plan.data_dir.root
     backup_wal = os.path.join(backup_dir, WAL_DIR)
-    os.makedirs(backup_wal)
+    make_private_dirs(backup_wal)
     done: list[str] = []
     # The oldest first: a crash half-way leaves a log that starts later, still
     # reaching back to the snapshot (every segment moved is wholly below it).
@@ -300,7 +300,9 @@ def apply_set_aside(plan: SetAsidePlan, backup_dir: str) -> list[str]:
         "for audits (sepp-log dump/audit read a copy of a data directory), or delete them.",
         "to undo (server stopped): move the files under wal/ back into DATA_DIR/wal/.",
     ]
-    with open(os.path.join(backup_dir, "REPAIR.txt"), "x", encoding="utf-8") as handle:
+    with open(
+        os.path.join(backup_dir, "REPAIR.txt"), "x", encoding="utf-8", opener=private_opener
+    ) as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -368,8 +370,8 @@ def apply_repair(plan: RepairPlan, backup_dir: str) -> list[str]:
     root = plan.data_dir.root
     backup_wal = os.path.join(backup_dir, WAL_DIR)
     backup_snap = os.path.join(backup_dir, SNAPSHOT_DIR)
-    os.makedirs(backup_wal)
-    os.makedirs(backup_snap)
+    make_private_dirs(backup_wal)
+    make_private_dirs(backup_snap)
     done: list[str] = []
     for snap in plan.snapshots:
         shutil.move(snap.path, os.path.join(backup_snap, os.path.basename(snap.path)))
@@ -388,7 +390,7 @@ def apply_repair(plan: RepairPlan, backup_dir: str) -> list[str]:
         )
     if plan.new_segment is not None:
         path = os.path.join(root, plan.new_segment)
-        with open(path, "xb") as handle:
+        with open(path, "xb", opener=private_opener) as handle:
             handle.write(encode_segment_header(plan.seq))
             handle.flush()
             os.fsync(handle.fileno())
@@ -407,7 +409,7 @@ def apply_repair(plan: RepairPlan, backup_dir: str) -> list[str]:
 
 
 def _copy_tail(path: str, offset: int, target: str) -> int:
-    with open(path, "rb") as src, open(target, "xb") as dst:
+    with open(path, "rb") as src, open(target, "xb", opener=private_opener) as dst:
         src.seek(offset)
         shutil.copyfileobj(src, dst, 8 << 20)
         dst.flush()
@@ -429,7 +431,7 @@ def _write_notes(plan: RepairPlan, backup_dir: str, done: list[str]) -> None:
         "(which was truncated to N bytes): cat <backup>/wal/<name>.from-offset-<N> >> wal/<name>",
     ]
     path = os.path.join(backup_dir, "REPAIR.txt")
-    with open(path, "x", encoding="utf-8") as handle:
+    with open(path, "x", encoding="utf-8", opener=private_opener) as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
         os.fsync(handle.fileno())

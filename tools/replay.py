@@ -38,7 +38,7 @@ from typing import Any
 
 from log_format import FILE_HEADER_BYTES, FormatError, Record, ValidEnvelopes, decode_envelope
 from sepp.core.state import IN_FLIGHT, State
-from sepp.storage.fs import RealFileSystem
+from sepp.storage.fs import RealFileSystem, make_private_dirs, private_opener
 from sepp.storage.recovery import SNAPSHOT_DIR, WAL_DIR
 from sepp.storage.replay import ReplayError, replay_record, replay_run
 
@@ -458,8 +458,8 @@ def write_into(result: ReplayResult, target: str) -> list[str]:
     check_target(target)
     wal_dir = os.path.join(target, WAL_DIR)
     snap_dir = os.path.join(target, SNAPSHOT_DIR)
-    os.makedirs(wal_dir, exist_ok=True)
-    os.makedirs(snap_dir, exist_ok=True)
+    make_private_dirs(wal_dir)
+    make_private_dirs(snap_dir)
     written = []
     if result.base_snapshot is not None and result.base_seq > 0:
         name = os.path.basename(result.base_snapshot.path)
@@ -476,7 +476,7 @@ def write_into(result: ReplayResult, target: str) -> list[str]:
 
 def _copy(source: str, target: str, length: int | None) -> None:
     """Copy `length` bytes (all if None) of `source` to a new file, synced."""
-    with open(source, "rb") as src, open(target, "xb") as dst:
+    with open(source, "rb") as src, open(target, "xb", opener=private_opener) as dst:
         if length is None:
             shutil.copyfileobj(src, dst, CHUNK_BYTES)
         else:

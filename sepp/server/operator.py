@@ -6,8 +6,10 @@
                  [--priority N] [--delay SECONDS] [--key K] [--max-attempts N]
     sepp dead-letters drain [--queue Q] [--max N]
 
-Each takes `--addr HOST:PORT` (default 127.0.0.1:7463, or $SEPP_ADDR) and
-`--api-key KEY` (or $SEPP_API_KEY), and `--json` for machine-readable output.
+Each takes `--addr HOST:PORT` (default 127.0.0.1:7463, or $SEPP_ADDR), the API key
+as `--api-key-file FILE` (the file's first line; or $SEPP_API_KEY_FILE) or
+`--api-key KEY` (or $SEPP_API_KEY; a key on the command line is visible to every
+user in the process list), and `--json` for machine-readable output.
 Exit code 0 on success, 1 when the server refused or could not be reached (or a
 payload file could not be read), 2 for an argument the command cannot use (an
 empty queue name, a malformed address); each failure is one line on stderr.
@@ -49,6 +51,45 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+class _KeyFileError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def read_api_key_file(path: str) -> str:
+    """The API key held in `path`: its first line, without surrounding blanks (a
+    trailing newline is usual). Raises _KeyFileError (exit code 1 when the file
+    cannot be read, 2 when it holds no key)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise _KeyFileError(f"cannot read {path}: {reason}", 1) from None
+    key = first.strip()
+    if not key:
+        raise _KeyFileError(f"{path} holds no key (its first line is empty)", 2)
+    return key
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The key from the flags, else from the environment; a flag beats any
+    variable, and the two flags (or the two variables) together are refused."""
+    if args.api_key is not None and args.api_key_file is not None:
+        raise _KeyFileError("give --api-key or --api-key-file, not both", 2)
+    if args.api_key is not None:
+        return str(args.api_key)
+    if args.api_key_file is not None:
+        return read_api_key_file(args.api_key_file)
+    env_key, env_file = os.environ.get("SEPP_API_KEY"), os.environ.get("SEPP_API_KEY_FILE")
+    if env_key is not None and env_file is not None:
+        raise _KeyFileError("set SEPP_API_KEY or SEPP_API_KEY_FILE, not both", 2)
+    if env_file is not None:
+        return read_api_key_file(env_file)
+    return env_key
+
+
 def _run(args: argparse.Namespace, action: Callable[[Any], Awaitable[Any]]) -> int:
     from sepp.client import SeppClient, SeppError
     from sepp.client._connection import parse_address
@@ -58,9 +99,14 @@ def _run(args: argparse.Namespace, action: Callable[[Any], Awaitable[Any]]) -> i
     except ValueError as exc:
         print(f"sepp {args.command}: --addr: {exc}", file=sys.stderr)
         return 2
+    try:
+        api_key = _api_key(args)
+    except _KeyFileError as exc:
+        print(f"sepp {args.command}: {exc}", file=sys.stderr)
+        return exc.code
 
     async def go() -> Any:
-        client = await SeppClient.connect(args.addr, api_key=args.api_key)
+        client = await SeppClient.connect(args.addr, api_key=api_key)
         try:
             return await action(client)
         finally:
@@ -191,7 +237,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--addr", default=os.environ.get("SEPP_ADDR", DEFAULT_ADDR), help="server HOST:PORT"
     )
-    parser.add_argument("--api-key", default=os.environ.get("SEPP_API_KEY"), help="API key")
+    parser.add_argument(
+        "--api-key",
+        help="API key (default $SEPP_API_KEY); visible to other users in the process "
+        "list: prefer --api-key-file",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="read the API key from the first line of FILE (default $SEPP_API_KEY_FILE)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -7,7 +7,10 @@ storage turns any `OSError` from a write or a sync into a permanent failure.
 
 Promises: the seam is deliberately tiny, so a fake can model exactly what a crash
 can lose: bytes written but not synced, files created or renamed but whose
-directory was not synced.
+directory was not synced. On real files, everything storage creates is private to
+its user whatever the umask: directories 0700, files 0600 (the log holds every
+job's payload). A directory that already exists is never chmod-ed (it may be
+shared on purpose); one that its group or others can enter is warned about once.
 
 Must not import: asyncio, sockets.
 """
@@ -15,8 +18,75 @@ Must not import: asyncio, sockets.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from typing import Protocol
+
+log = logging.getLogger("sepp.storage")
+
+# Modes of what storage (and the tools that write into a data directory) creates,
+# whatever the umask (issue 13 §6: files were 0644, directories followed the umask).
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+# Directories already created or checked by this process: each is warned about at
+# most once, and not at all below one that was (its warning covers them) or below
+# one created private (nobody else can reach them).
+_checked_dirs: set[str] = set()
+
+
+def make_private_dirs(path: str) -> bool:
+    """Create `path`, and any missing parent, with mode 0700 whatever the umask.
+    True if `path` was created; False if it already was a directory (left as it
+    is). Raises OSError (FileExistsError for a file in the way) otherwise."""
+    if os.path.isdir(path):
+        return False
+    parent = os.path.dirname(os.path.abspath(path))
+    if parent and not os.path.isdir(parent):
+        make_private_dirs(parent)
+    try:
+        os.mkdir(path, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        if os.path.isdir(path):  # created meanwhile by someone else
+            return False
+        raise
+    os.chmod(path, PRIVATE_DIR_MODE)  # the umask may have taken bits away
+    return True
+
+
+def private_opener(path: str, flags: int) -> int:
+    """An `opener` for `open()` that creates files 0600 whatever the umask:
+    `open(path, "xb", opener=private_opener)`. A file that already existed (no
+    O_EXCL) keeps its mode."""
+    fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    if flags & os.O_CREAT and flags & os.O_EXCL:
+        try:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def warn_if_shared(path: str) -> None:
+    """Log a warning (once per process) when an existing directory of a data
+    directory can be entered or listed by its group or others."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if path in _checked_dirs:
+        return
+    _checked_dirs.add(path)
+    if parent in _checked_dirs:
+        return
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        log.warning(
+            "%s is open to its group or others (mode %04o): the data directory holds "
+            "every job's payload; sepp creates it 0700 but leaves an existing "
+            "directory as it is: chmod 700 it unless sharing it is intended",
+            path,
+            mode,
+        )
 
 
 class FileSystem(Protocol):
@@ -96,7 +166,10 @@ class RealFileSystem:
     supports_fork = True
 
     def lock(self, path: str) -> int:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = private_opener(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            fd = os.open(path, os.O_RDWR)
         try:
             # flock, not fcntl locks: held per open file, so a forked snapshot
             # writer that closes its copy does not release the parent's lock.
@@ -115,7 +188,10 @@ class RealFileSystem:
         os.close(handle)  # closing the only descriptor releases the flock
 
     def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        if make_private_dirs(path):
+            _checked_dirs.add(os.path.abspath(path))
+        else:
+            warn_if_shared(path)
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
@@ -132,7 +208,7 @@ class RealFileSystem:
 
     def create(self, path: str) -> int:
         # No O_APPEND: on Linux it would make pwrite (write_at) ignore its offset.
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        return private_opener(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
 
     def open_write(self, path: str) -> int:
         return os.open(path, os.O_WRONLY)

@@ -4,16 +4,24 @@ against a real server."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 
-def sepp(*args: str) -> subprocess.CompletedProcess[str]:
+
+def sepp(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sepp.server.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "sepp.server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -112,3 +120,58 @@ def test_a_wrong_api_key_exits_1(server_factory: Callable[..., Any]) -> None:
     server = server_factory(env={"SEPP_AUTH__API_KEYS": '[{name = "a", key = "s3cret"}]'})
     assert sepp("info", "--addr", server.address, "--api-key", "nope").returncode == 1
     assert sepp("info", "--addr", server.address, "--api-key", "s3cret").returncode == 0
+
+
+def test_the_api_key_can_come_from_a_file_instead_of_the_command_line(
+    server_factory: Callable[..., Any], tmp_path: Path
+) -> None:
+    # `--api-key KEY` shows the key to every user in the process list (issue 13 §6).
+    server = server_factory(env={"SEPP_AUTH__API_KEYS": '[{name = "a", key = "s3cret"}]'})
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("s3cret\n")
+    bad.write_text("nope\n")
+    assert sepp("info", "--addr", server.address, "--api-key-file", str(good)).returncode == 0
+    assert sepp("info", "--addr", server.address, "--api-key-file", str(bad)).returncode == 1
+    from_env = sepp("info", "--addr", server.address, env={"SEPP_API_KEY_FILE": str(good)})
+    assert from_env.returncode == 0, from_env.stderr
+    # A flag beats the environment.
+    flag = sepp("info", "--addr", server.address, "--api-key-file", str(good),
+                env={"SEPP_API_KEY": "nope"})  # fmt: skip
+    assert flag.returncode == 0, flag.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "message"),
+    [
+        (["--api-key-file", "{missing}"], {}, 1, "cannot read {missing}: No such file"),
+        (["--api-key-file", "{empty}"], {}, 2, "{empty} holds no key"),
+        (["--api-key", "k", "--api-key-file", "{empty}"], {}, 2, "not both"),
+        ([], {"SEPP_API_KEY": "k", "SEPP_API_KEY_FILE": "{empty}"}, 2, "not both"),
+    ],
+    ids=["missing file", "empty file", "both flags", "both variables"],
+)
+def test_an_api_key_file_that_cannot_be_used_is_one_line_and_no_connection(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    env: dict[str, str],
+    code: int,
+    message: str,
+) -> None:
+    from sepp.server.cli import main
+
+    names = {"missing": str(tmp_path / "missing"), "empty": str(tmp_path / "empty")}
+    (tmp_path / "empty").write_text("\n")
+    monkeypatch.delenv("SEPP_API_KEY", raising=False)
+    monkeypatch.delenv("SEPP_API_KEY_FILE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(**names))
+    # Port 1: nothing listens there, so reaching the server would be exit 1 too;
+    # the message shows the command stopped at the key.
+    argv = ["info", "--addr", "127.0.0.1:1", *(a.format(**names) for a in args)]
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert message.format(**names) in err
+    assert "cannot reach" not in err

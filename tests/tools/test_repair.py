@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,24 @@ def test_cut_at_a_corrupt_record_in_a_sealed_segment(tmp_path: Path, scripted: L
     tail = backup / "wal" / f"00000000000000000013.log.from-offset-{record.offset}"
     assert (scripted.data_dir / SEG13).read_bytes() + tail.read_bytes() == damaged[SEG13][2]
     assert (backup / SEG25).read_bytes() == damaged[SEG25][2]
+
+
+def test_the_backup_is_private_whatever_the_umask(tmp_path: Path, scripted: LiveLog) -> None:
+    # A backup holds jobs' payloads like the data directory (issue 13 §6).
+    path, record = locate(scripted.data_dir, 17)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 2)
+    backup = tmp_path / "backup"
+    old = os.umask(0)
+    try:
+        _repair(scripted.data_dir, 17, backup)
+    finally:
+        os.umask(old)
+    modes = {
+        str(p.relative_to(backup)): oct(stat.S_IMODE(p.stat().st_mode))
+        for p in [backup, *backup.rglob("*")]
+    }
+    assert len(modes) == 6  # ., wal/, snapshots/, REPAIR.txt, a moved segment, a cut tail
+    assert modes == {name: "0o700" if (backup / name).is_dir() else "0o600" for name in modes}
 
 
 def test_cut_at_a_record_that_does_not_decode(tmp_path: Path, scripted: LiveLog) -> None:
