@@ -28,6 +28,17 @@ RETRY_BACKOFF_EXPONENTIAL = "exponential"
 # so a config that works here also works there.
 QUEUE_NAME_BYTES_CEILING = 65535
 
+# One job must fit in one snapshot record (log_format RECORD_BODY_BYTES_MAX, 64 MiB,
+# less the 5 bytes of the record's array header; tests/core/test_config.py checks the
+# number against log_format): a job's row holds what at most three requests brought
+# -- its enqueue (within limits.max_message_bytes), the reserve that named its worker
+# (max_worker_id_bytes) and the nacks that gave its last reason and its dead-letter
+# reason (max_reason_bytes each; a dead letter has no worker) -- plus the ids, times
+# and counters the server adds (JOB_ROW_OVERHEAD_BYTES, generously). A config whose
+# largest job could not be snapshotted is refused (issue 13 §3).
+SNAPSHOT_ROW_BYTES_MAX = 64 * 1024 * 1024 - 5
+JOB_ROW_OVERHEAD_BYTES = 1024
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
@@ -130,6 +141,25 @@ def validate_config(config: CoreConfig) -> None:
     ):
         if getattr(lim, name) < 1:
             raise ConfigError(f"limits.{name}", "must be at least 1")
+    row_bytes_max = (
+        lim.max_message_bytes
+        + lim.max_worker_id_bytes
+        + 2 * lim.max_reason_bytes
+        + JOB_ROW_OVERHEAD_BYTES
+    )
+    if row_bytes_max > SNAPSHOT_ROW_BYTES_MAX:
+        room = (
+            SNAPSHOT_ROW_BYTES_MAX
+            - lim.max_worker_id_bytes
+            - 2 * lim.max_reason_bytes
+            - JOB_ROW_OVERHEAD_BYTES
+        )
+        raise ConfigError(
+            "limits.max_message_bytes",
+            f"must be at most {max(room, 0)} with these max_worker_id_bytes and "
+            "max_reason_bytes: one job (what its enqueue, reserve and two nacks "
+            "brought) must fit in one 64 MiB snapshot record",
+        )
     if lim.max_wait_timeout_ms < 0:
         raise ConfigError("limits.max_wait_timeout_ms", "must not be negative")
     if not 1 <= lim.max_queue_name_bytes <= QUEUE_NAME_BYTES_CEILING:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sepp.core import ConfigError, CoreConfig, Limits, QueuePolicy, validate_config
+from sepp.core.config import JOB_ROW_OVERHEAD_BYTES, SNAPSHOT_ROW_BYTES_MAX
 
 MIB = 1024 * 1024
 
@@ -84,6 +85,9 @@ INVALID_ROWS = [
     pytest.param(lim(max_job_type_bytes=0), "limits.max_job_type_bytes", id="max_job_type_bytes 0"),
     pytest.param(lim(max_idempotency_key_bytes=0), "limits.max_idempotency_key_bytes", id="max_idempotency_key_bytes 0"),
     pytest.param(lim(max_wait_timeout_ms=-1), "limits.max_wait_timeout_ms", id="a negative max_wait_timeout_ms"),
+    # One job must fit in one 64 MiB snapshot record (issue 13 §3).
+    pytest.param(lim(max_message_bytes=64 * MIB), "limits.max_message_bytes", id="max_message_bytes of 64 MiB"),
+    pytest.param(lim(max_message_bytes=60 * MIB, max_reason_bytes=2 * MIB), "limits.max_message_bytes", id="reasons that leave no room for a 60 MiB message"),
 ]  # fmt: skip
 
 
@@ -118,6 +122,7 @@ VALID_ROWS = [
     pytest.param(g(max_queue_depth=0), id="max_queue_depth 0"),
     pytest.param(g(max_schedule_horizon_ms=0, dedup_window_ms=0), id="a zero horizon and dedup window"),
     pytest.param(CoreConfig(dead_letter_retention_ms=604_800_000, sweep_limit=1, strict_queues=True), id="retention, a sweep limit of 1 and strict mode"),
+    pytest.param(lim(max_message_bytes=SNAPSHOT_ROW_BYTES_MAX - 256 - 2 * 4096 - JOB_ROW_OVERHEAD_BYTES), id="the largest max_message_bytes whose jobs fit in a snapshot record"),
 ]  # fmt: skip
 
 
@@ -132,3 +137,12 @@ def test_with_queue_merges_overrides_over_the_global_defaults() -> None:
     assert (policy.default_priority, policy.retry_delay_ms) == (3, 20)
     assert config.policy("undeclared") is config.defaults
     assert config.is_declared("q") and not config.is_declared("undeclared")
+
+
+def test_the_snapshot_row_limit_is_the_format_record_limit_less_its_array_header() -> None:
+    import msgpack
+
+    from log_format import RECORD_BODY_BYTES_MAX
+
+    header = msgpack.Packer().pack_array_header(2**32 - 1)
+    assert RECORD_BODY_BYTES_MAX - len(header) == SNAPSHOT_ROW_BYTES_MAX
