@@ -754,6 +754,26 @@ class ClientConnection(asyncio.Protocol):
             return
         self.send_after(error, frame, request_id)
 
+    def send_drain_after(
+        self, error: BaseException | None, frame: bytes, request_id: int, reply: DrainResult
+    ) -> None:
+        """Write a drain answer once it is durable. Its records are deleted by then:
+        if the connection is already gone the answer cannot be written, and
+        nothing brings dead letters back (PROTOCOL.md 5.6), so they are logged
+        in full at ERROR -- the last copy -- rather than vanish without a trace."""
+        transport = self.transport
+        if error is None and (self.closed or transport is None or transport.is_closing()):
+            self.in_flight -= 1
+            log.error(
+                "a drain answer to %s could not be written (the connection was gone): "
+                "%d dead letter(s) deleted undelivered; last copy: %r",
+                self.peer,
+                len(reply.records),
+                _drain_body(reply)["records"],
+            )
+            return
+        self.send_after(error, frame, request_id)
+
     def reply(self, request_id: int, status: str, body: dict[str, Any]) -> None:
         self.send_frame(encode_frame(pm.encode_response(request_id, status, body)))
 
@@ -1023,6 +1043,13 @@ class ClientConnection(asyncio.Protocol):
             log.warning(
                 "drain_dead_letters by %s removed %d record(s)", self.peer, len(decision.events)
             )
+            reply = decision.reply
+            assert isinstance(reply, DrainResult)
+            frame = encode_frame(pm.encode_response(request_id, perr.OK, _drain_body(reply)))
+            pipeline = self.server.pipeline
+            assert pipeline is not None
+            pipeline.after_durable(barrier, self.send_drain_after, frame, request_id, reply)
+            return
         self._finish(request_id, decision, barrier, _drain_body)
 
     def op_server_info(self, request_id: int, body: None) -> None:

@@ -9,17 +9,29 @@ accepts, and a store emptied by it) are reproduced at a thousandth of the size.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import string
 from typing import Any
 
 import msgpack
+import pytest
 
 from sepp.core.decide import dead_letter_answer_bytes, job_answer_bytes
 from sepp.core.events import CAUSE_NAMES
 from sepp.core.state import DeadLetter, Job
 from sepp.server.wire import dead_letter_body, job_view_body
-from tests.server.conftest import RawClient, connect, job, payload
+from sepp.storage.faultfs import FaultyFileSystem
+from tests.server.conftest import RawClient, connect, job, payload, wait_until
+from tests.server.test_long_poll import (  # the in-process server and a held sync
+    HeldSync,
+    _in_process,  # noqa: F401 - a fixture
+    address_of,
+    in_process,
+    in_process_config,
+    reset_on_close,
+)
 
 FRAME = 16_384
 SMALL_FRAMES = {
@@ -257,3 +269,46 @@ def test_the_core_bound_on_a_job_or_record_in_an_answer_is_never_below_its_encod
         )
         encoded = len(msgpack.packb(dead_letter_body(record.view()), use_bin_type=True))
         assert encoded <= dead_letter_answer_bytes(record), encoded
+
+
+@pytest.mark.usefixtures("_in_process")
+async def test_a_drain_answer_that_cannot_be_written_leaves_its_records_in_the_log(
+    queue_names, caplog
+):
+    # The drain's records are deleted by the record its answer waits for; if the
+    # connection is gone when the answer falls due, nothing brings them back, so
+    # the server logs them in full (PROTOCOL.md 5.6) rather than lose them silently.
+    fs = FaultyFileSystem()
+    held = HeldSync()
+    fs.hook = held
+    config = in_process_config(
+        storage__persist_mode="sync_data", storage__dead_letter_retention_ms="600000"
+    )
+    async with in_process(config, fs) as server:
+        try:
+            gone = await connect(address_of(server))
+            q = next(queue_names)
+            [job_id] = await dead_letters(
+                gone, q, [job(q, payload=payload(b"the only copy"))], reason="why"
+            )
+            held.armed = True
+            gone.send("drain_dead_letters", {"queue": q, "max": 10})
+            await asyncio.to_thread(held.entered.wait, 30)
+            assert held.entered.is_set()
+            await wait_until(lambda: not server.engine.state.dead, what="the drain to be decided")
+            reset_on_close(gone)
+            await gone.close()
+            await wait_until(lambda: not server.connections, what="the server to see the reset")
+        finally:
+            held.release.set()
+
+        def logged() -> list[logging.LogRecord]:
+            return [
+                r
+                for r in caplog.records
+                if r.levelno == logging.ERROR and "drain answer" in r.getMessage()
+            ]
+
+        [record] = await wait_until(logged, what="the undelivered drain to be logged")
+        assert job_id in record.getMessage()
+        assert "the only copy" in record.getMessage()
