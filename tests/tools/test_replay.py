@@ -185,6 +185,9 @@ def _check_into(live: LiveLog, seq: int, target: Path) -> dict[str, int]:
     written = {
         str(p.relative_to(target)): p.stat().st_size for p in target.rglob("*") if p.is_file()
     }
+    # Private like a data directory sepp creates (issue 13 §6).
+    modes = {str(p.relative_to(target)): oct(p.stat().st_mode & 0o777) for p in target.rglob("*")}
+    assert modes == {name: "0o700" if (target / name).is_dir() else "0o600" for name in modes}
     engine = Engine.open(str(target), CONFIG, options())
     try:
         assert engine.recovery_report.last_seq == seq
