@@ -47,6 +47,7 @@ from sepp.core import (
     Nack,
     NewJob,
     QueuePolicy,
+    Release,
     RequeueDeadLetters,
     Reserve,
     State,
@@ -261,8 +262,10 @@ class Workload:
             job = rng.choice(in_flight)
             attempt = job.attempt if rng.random() < 0.95 else job.attempt + 1  # fenced off
             kind = rng.random()
-            if kind < 0.45:
+            if kind < 0.4:
                 return Ack(job_id=job.job_id, attempt=attempt, worker_id=job.worker_id)
+            if kind < 0.5:
+                return Release(job_id=job.job_id, attempt=attempt, worker_id=job.worker_id)
             if kind < 0.85:
                 retry = rng.choice((RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER))
                 return Nack(
