@@ -54,12 +54,18 @@ class FrameReader:
     def buffered(self) -> int:
         return len(self._buffer)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+    def feed(self, data: bytes | bytearray | memoryview, frames_max: int = 0) -> list[bytes]:
         """Add received bytes; return every frame body now complete, in order.
         Raises FrameTooLarge / ProtocolViolation when the stream breaks framing
         (the connection must then be closed: the byte stream cannot be resynced);
         when complete frames precede the break, they are returned and the error
-        waits for `raise_pending()`."""
+        waits for `raise_pending()`.
+
+        `frames_max` > 0: return at most that many frames and leave the rest
+        buffered, its length prefixes not yet checked (`feed(b"")` goes on): a
+        server takes a connection's frames one at a time until its hello
+        succeeds, so a frame behind the hello is judged by the limit that holds
+        once the hello is answered (`frame_bytes_max` may be raised in between)."""
         self.raise_pending()
         buffer = self._buffer
         if not buffer and self._need < 0 and len(data) > LENGTH_PREFIX_BYTES:
@@ -96,6 +102,8 @@ class FrameReader:
             frames.append(bytes(buffer[pos : pos + need]))
             pos += need
             need = -1
+            if len(frames) == frames_max:
+                break
         if pos:
             del buffer[:pos]
         self._need = need

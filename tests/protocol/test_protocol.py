@@ -59,6 +59,27 @@ def test_an_oversized_length_is_refused_from_the_prefix_alone() -> None:
     assert reader.buffered == 0
 
 
+def test_frames_max_leaves_the_rest_buffered_and_judged_by_the_limit_at_the_next_feed() -> None:
+    # A server's reader before hello: small frames, one at a time; the frame
+    # behind the hello is judged by the limit raised once the hello succeeded.
+    reader = FrameReader(16)
+    big = b"x" * 100
+    stream = encode_frame(b"hello") + encode_frame(big) + encode_frame(b"next")
+    assert reader.feed(stream, 1) == [b"hello"]
+    assert reader.buffered == len(stream) - len(encode_frame(b"hello"))
+    reader.frame_bytes_max = 1024
+    assert reader.feed(b"", 1) == [big]
+    assert reader.feed(b"") == [b"next"]
+    assert reader.buffered == 0
+
+
+def test_frames_max_does_not_lift_the_limit_for_the_next_frame() -> None:
+    reader = FrameReader(16)
+    assert reader.feed(encode_frame(b"hello") + struct.pack(">I", 17), 1) == [b"hello"]
+    with pytest.raises(FrameTooLarge):
+        reader.feed(b"", 1)
+
+
 def test_a_zero_length_frame_breaks_framing() -> None:
     with pytest.raises(ProtocolViolation):
         FrameReader().feed(b"\x00\x00\x00\x00")
