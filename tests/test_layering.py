@@ -89,6 +89,11 @@ FILE_RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("log_format", "sepp.core", "sepp.storage", "tools", "sepp.client", "sepp.protocol"),
         ("sepp.server",),
     ),
+    # The attacks (issue 13) speak raw frames to a real `sepp serve` process.
+    "tools/attack.py": (
+        ("tools", "sepp.protocol"),
+        ("sepp.server", "sepp.core", "sepp.storage", "sepp.client"),
+    ),
 }
 
 FIRST_PARTY = ("sepp", "log_format", "tools")
