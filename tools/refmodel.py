@@ -167,7 +167,6 @@ class Model:
         self.config = config
         self.clock = 0
         self.jobs: dict[str, MJob] = {}
-        self.queues: set[str] = set(config.queues)
         self.dedup: dict[tuple[str, str], tuple[str, int]] = {}
         self.dead: list[MDeadLetter] = []  # in the order the jobs died
         # Set by each command: its decision time and the queues that gained Ready jobs.
@@ -364,7 +363,6 @@ class Model:
         for new in created:
             new.arrival = self._arrive()
             self.jobs[new.job_id] = new
-            self.queues.add(new.queue)
             if new.status == READY:
                 self.woken.add(new.queue)
         self.dedup.update(new_keys)
@@ -608,10 +606,20 @@ class Model:
             times.append(self.dead[0].failed_at + self.config.dead_letter_retention_ms)
         return min(times) if times else None
 
+    def queue_names(self) -> set[str]:
+        """The queues the state keeps (issue 13): the declared ones, and every other
+        queue only while it holds a job, a dead letter or an idempotency key."""
+        return (
+            set(self.config.queues)
+            | {j.queue for j in self.jobs.values()}
+            | {d.job.queue for d in self.dead}
+            | {queue for queue, _key in self.dedup}
+        )
+
     def observe(self) -> dict[str, Any]:
         queues = {}
         oldest_ready: dict[str, int | None] = {}
-        for name in self.queues:
+        for name in self.queue_names():
             jobs = [j for j in self.jobs.values() if j.queue == name]
             counts = tuple(
                 sum(1 for j in jobs if j.status == s) for s in (READY, SCHEDULED, IN_FLIGHT)

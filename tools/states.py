@@ -6,12 +6,12 @@ the oldest usable starting point, by the rule recovery uses), `load_snapshot_fil
 `comparable` and `describe_difference`.
 
 Promises: snapshots are loaded with `sepp.storage.snapshots.load_snapshot`, the
-storage layer's own reader, under a default `CoreConfig` (apply never reads the
-config, so replay does not depend on it). The comparison is over
-`State.canonical()` with one normalisation: queues holding nothing at all are left
-out, because a queue declared in the server's configuration exists in its state
-(and its snapshots) from the start, while the log only names queues that received
-a job.
+storage layer's own reader, under a default `CoreConfig` (apply reads nothing
+from the config but which queues are declared, so replay does not otherwise depend
+on it). The comparison is over `State.canonical()` with one normalisation: queues
+holding nothing at all are left out, because a queue declared in the server's
+configuration exists in its state from the start and is kept when empty, while
+under the default config every empty queue is forgotten.
 
 Must not import: `sepp.server`, `sepp.client`.
 """

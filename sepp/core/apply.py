@@ -43,9 +43,11 @@ from sepp.core.state import (
     SCHEDULED,
     DeadLetter,
     Job,
+    QueueState,
     ReadyEntry,
     State,
     push_ready,
+    ready_level_for_push,
 )
 
 
@@ -63,14 +65,16 @@ def _in_flight(state: State, event: Any) -> Job:
     return job
 
 
-def _leave_flight(state: State, job: Job) -> None:
-    """Bookkeeping when an in-flight job stops being in flight."""
-    state.queues[job.queue].in_flight_count -= 1
+def _leave_flight(state: State, job: Job) -> QueueState:
+    """Bookkeeping when an in-flight job stops being in flight; its queue."""
+    q = state.queues[job.queue]
+    q.in_flight_count -= 1
     job.worker_id = None
     leases = state.leases
     if leases and leases[0][2] is job:
         job.status = DELETED  # temporarily invalid so the prune pops it
         state.prune_leases()
+    return q
 
 
 def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
@@ -97,10 +101,10 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
     if job_id in jobs:
         raise ApplyError(f"JobEnqueued for existing job {job_id}")
     strings = state._strings
-    queue = strings.get(queue) or strings.setdefault(queue, queue)
-    job_type = strings.get(job_type) or strings.setdefault(job_type, job_type)
+    queue = strings.get(queue) or state.intern(queue)
+    job_type = strings.get(job_type) or state.intern(job_type)
     if encoding is not None:
-        encoding = strings.get(encoding) or strings.setdefault(encoding, encoding)
+        encoding = strings.get(encoding) or state.intern(encoding)
     q = state.queues.get(queue) or state.queue(queue)
     order = state.next_order
     state.next_order = order + 1
@@ -129,7 +133,7 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
     if run_at is None:
         entry: ReadyEntry = (enqueued_at, order, job)
         job.entry = entry
-        q.ready[priority].push(entry)
+        ready_level_for_push(q, priority).push(entry)
         q.ready_count += 1
     else:
         heappush(state.scheduled, (run_at, job_id, job))
@@ -139,7 +143,9 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
         replaced = dedup.get((queue, key))
         dedup[(queue, key)] = (job_id, dedup_expires_at)
         heappush(state.dedup_expiry, (dedup_expires_at, queue, key))
-        if replaced is not None:
+        if replaced is None:
+            q.dedup_count += 1
+        else:
             # A lapsed key re-used before the sweep expired it: the old record's
             # expiry entry is now stale and may be the heap's top (the invariant
             # "the top of every heap is valid" would break, and next_deadline()
@@ -170,8 +176,10 @@ def _apply_acked(state: State, ev: JobAcked) -> None:
         if job is not None:
             state.jobs[job_id] = job  # leave the state as it was: this is a bug report
         raise ApplyError(f"JobAcked for {job_id} attempt {ev[1]}: job is {job!r}")
-    _leave_flight(state, job)
+    q = _leave_flight(state, job)
     job.status = DELETED
+    if q.in_flight_count == 0:
+        state.forget_if_empty(q)
 
 
 def _apply_nacked(state: State, ev: JobNacked) -> None:
@@ -258,14 +266,17 @@ def _apply_dead_lettered(state: State, ev: JobDeadLettered) -> None:
         q.dead[ev.job_id] = record
     else:
         job.status = DELETED
+        state.forget_if_empty(q)
 
 
 def _remove_dead(state: State, job_id: str, event: Any) -> None:
     record = state.dead.pop(job_id, None)
     if record is None:
         raise ApplyError(f"{type(event).__name__} for {job_id}: no such dead letter")
-    del state.queues[record.job.queue].dead[job_id]
+    q = state.queues[record.job.queue]
+    del q.dead[job_id]
     record.job.status = DELETED
+    state.forget_if_empty(q)
 
 
 def _apply_dead_letter_drained(state: State, ev: DeadLetterDrained) -> None:
@@ -283,6 +294,9 @@ def _apply_dedup_expired(state: State, ev: DedupExpired) -> None:
         raise ApplyError(f"DedupExpired for {key} at {ev.expires_at}: record is {record!r}")
     del state.dedup[key]
     state.prune_dedup()
+    q = state.queues[ev.queue]
+    q.dedup_count -= 1
+    state.forget_if_empty(q)
 
 
 def _apply_dead_letter_requeued(state: State, ev: DeadLetterRequeued) -> None:

@@ -6,8 +6,10 @@ effective per-queue settings, global defaults merged with a `[[queues]]` overrid
 `CoreConfig` and its validation rules (`ConfigError`).
 
 Promises: every limit carries its unit in its name; the defaults are the reference
-server's (sepp-semantics.md §12, §16, §17). `decide` reads the config; `apply` never
-does, so a log replays identically under any config.
+server's (sepp-semantics.md §12, §16, §17). `decide` reads the config; `apply` reads
+only which queues are declared (`State.declared`: kept even when they hold nothing,
+while other empty queues are forgotten), so a log replays to the same jobs, keys and
+dead letters under any config, the empty declared queues aside.
 
 Must not import: anything outside the standard library and `sepp.core`.
 """

@@ -14,6 +14,7 @@ import itertools
 from sepp.core.errors import InvariantViolation as InvariantViolation
 from sepp.core.state import (
     DEAD,
+    EMPTY_READY_LEVEL,
     IN_FLIGHT,
     PRIORITY_LEVELS,
     READY,
@@ -70,7 +71,21 @@ def check_invariants(state: State) -> None:
         if job.status != READY and job.entry is not None:
             _fail(f"job {job_id} is not ready but holds a ready entry")
         del q
+    if EMPTY_READY_LEVEL:
+        _fail("the shared empty ready level holds entries")
+    dedup_counts: dict[str, int] = {}
+    for queue, _key in state.dedup:
+        dedup_counts[queue] = dedup_counts.get(queue, 0) + 1
     for name, q in state.queues.items():
+        if q.name != name:
+            _fail(f"queue stored under {name!r} is named {q.name!r}")
+        if q.dedup_count != dedup_counts.get(name, 0):
+            _fail(
+                f"queue {name} counts {q.dedup_count} dedup records, "
+                f"the store holds {dedup_counts.get(name, 0)}"
+            )
+        if q.holds_nothing() and name not in state.declared:
+            _fail(f"queue {name} holds nothing and is not declared, but is kept")
         valid_ready = 0
         for prio in range(PRIORITY_LEVELS):
             level = q.ready[prio]
@@ -128,5 +143,7 @@ def check_invariants(state: State) -> None:
         _fail("stale entry on top of the dedup expiry heap")
     dedup_entries = {(e[1], e[2], e[0]) for e in state.dedup_expiry}
     for (queue, key), (_job_id, expires_at) in state.dedup.items():
+        if queue not in state.queues:
+            _fail(f"dedup record {(queue, key)} names unknown queue {queue!r}")
         if (queue, key, expires_at) not in dedup_entries:
             _fail(f"dedup record {(queue, key)} has no expiry entry")

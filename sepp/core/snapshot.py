@@ -29,6 +29,7 @@ from sepp.core.state import (
     ReadyEntry,
     State,
     job_fields,
+    ready_level_for_push,
 )
 from sepp.core.state import (
     JOB_ROW_FIELDS as JOB_ROW_FIELDS,
@@ -88,8 +89,9 @@ class StateBuilder:
         if not isinstance(next_order, int) or next_order < 1:
             raise SnapshotContentError("snapshot meta has no next_order")
         self.state.next_order = next_order
-        for name in meta.get("queues", ()):
-            self.state.queue(name)
+        # meta["queues"] is not read: the state's queues are the declared ones (from
+        # the config) and those its rows put something in. A snapshot written before
+        # issue 13 lists every queue ever used; empty ones must not come back.
 
     def _job(self, row: list[Any]) -> Job:
         if len(row) != len(JOB_ROW_FIELDS):
@@ -117,12 +119,12 @@ class StateBuilder:
             if len(row) != width:
                 raise SnapshotContentError(f"job row has {len(row)} fields, expected {width}")
             name = row[1]
-            row[1] = name = strings.get(name) or strings.setdefault(name, name)
+            row[1] = name = strings.get(name) or state.intern(name)
             job_type = row[2]
-            row[2] = strings.get(job_type) or strings.setdefault(job_type, job_type)
+            row[2] = strings.get(job_type) or state.intern(job_type)
             encoding = row[4]
             if encoding is not None:
-                row[4] = strings.get(encoding) or strings.setdefault(encoding, encoding)
+                row[4] = strings.get(encoding) or state.intern(encoding)
             job = Job(*row)
             job_id = job.job_id
             if job_id in jobs:
@@ -135,7 +137,7 @@ class StateBuilder:
                 # every entry on its level's fifo without sorting.
                 entry: ReadyEntry = (job.enqueued_at, job.order, job)
                 job.entry = entry
-                q.ready[job.priority].push(entry)
+                ready_level_for_push(q, job.priority).push(entry)
                 q.ready_count += 1
             elif status == SCHEDULED:
                 scheduled.append((job.due_ms, job_id, job))
@@ -153,8 +155,11 @@ class StateBuilder:
                 raise SnapshotContentError("dedup row must have 4 fields")
             queue, key, job_id, expires_at = row
             queue = state.intern(queue)
+            if (queue, key) in state.dedup:
+                raise SnapshotContentError(f"dedup record {(queue, key)!r} appears twice")
             state.dedup[(queue, key)] = (job_id, expires_at)
             state.dedup_expiry.append((expires_at, queue, key))
+            (state.queues.get(queue) or state.queue(queue)).dedup_count += 1
 
     def add_dead(self, rows: Iterable[list[Any]]) -> None:
         state = self.state

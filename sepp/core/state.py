@@ -18,6 +18,11 @@ Promises:
   and heap valid, so a head is always a real candidate.
 - The dead-letter dicts are ordered by `failed_at`, because the state's clock never
   goes backwards and records are appended in apply order.
+- `queues` holds the declared queues and every other queue only while it holds
+  something (a live job, a dead letter, a dedup record): `apply` forgets an
+  undeclared queue the moment it becomes empty (`State.forget_if_empty`), so the
+  live path, a replay and a snapshot keep the same queues (issue 13). The string
+  intern table is bounded (`STRINGS_INTERNED_MAX`).
 
 Must not import: anything outside the standard library and `sepp.core`.
 """
@@ -40,6 +45,10 @@ DELETED = 4
 STATUS_NAMES = ("ready", "scheduled", "in_flight", "dead", "deleted")
 
 PRIORITY_LEVELS = 10
+
+# Entries of the string intern table (State.intern) before it starts over: at most
+# ~4,096 x (512-byte queue name + ~100 bytes of objects), about 2.5 MiB.
+STRINGS_INTERNED_MAX = 4096
 
 # The latest time the server stores or sends (PROTOCOL.md conventions):
 # 9999-12-31T23:59:59.999Z, the last instant Python's datetime (and the other
@@ -244,21 +253,58 @@ class ReadyLevel:
         return [*self.fifo, *self.heap]
 
 
+# The level every priority of a new queue starts with: one shared, always empty
+# `ReadyLevel` (a deque costs ~0.7 KiB, and ten per queue made an idle queue cost
+# ~9 KiB). A push never goes to it: `ready_level_for_push` swaps in a level of the
+# queue's own first. Readers treat it as any empty level.
+EMPTY_READY_LEVEL = ReadyLevel()
+
+
 class QueueState:
-    __slots__ = ("name", "ready", "ready_count", "scheduled_count", "in_flight_count", "dead")
+    __slots__ = (
+        "name",
+        "ready",
+        "ready_count",
+        "scheduled_count",
+        "in_flight_count",
+        "dead",
+        "dedup_count",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.ready: list[ReadyLevel] = [ReadyLevel() for _ in range(PRIORITY_LEVELS)]
+        self.ready: list[ReadyLevel] = [EMPTY_READY_LEVEL] * PRIORITY_LEVELS
         self.ready_count = 0
         self.scheduled_count = 0
         self.in_flight_count = 0
         # This queue's dead letters, oldest first.
         self.dead: dict[str, DeadLetter] = {}
+        # Dedup records (idempotency keys in their window) naming this queue.
+        self.dedup_count = 0
 
     @property
     def live_count(self) -> int:
         return self.ready_count + self.scheduled_count + self.in_flight_count
+
+    def holds_nothing(self) -> bool:
+        """No live job, no dead letter, no idempotency key in its window: an
+        undeclared queue in this condition is forgotten (`State.forget_if_empty`)."""
+        return (
+            self.ready_count == 0
+            and self.scheduled_count == 0
+            and self.in_flight_count == 0
+            and not self.dead
+            and self.dedup_count == 0
+        )
+
+
+def ready_level_for_push(q: QueueState, priority: int) -> ReadyLevel:
+    """The level of `q` a Ready job of `priority` is pushed onto (its own, never
+    the shared empty one)."""
+    level = q.ready[priority]
+    if level is EMPTY_READY_LEVEL:
+        level = q.ready[priority] = ReadyLevel()
+    return level
 
 
 class State:
@@ -284,13 +330,38 @@ class State:
         # All dead letters by job id, oldest (smallest failed_at) first.
         self.dead: dict[str, DeadLetter] = {}
         # Interned strings (queue names, job types, encodings) so a million jobs
-        # share a handful of str objects.
+        # share a handful of str objects. Bounded (issue 13: distinct job types were
+        # kept forever): at STRINGS_INTERNED_MAX entries the table starts over --
+        # the jobs keep the strings they hold, a string nothing holds any more is
+        # freed, and later jobs share new copies. Identity is never relied on:
+        # interning only saves memory, so it cannot change what the state means.
         self._strings: dict[str, str] = {}
+        # The queues kept even when they hold nothing (State.forget_if_empty).
+        self.declared: frozenset[str] = frozenset(self.config.queues)
         for name in self.config.queues:
             self.queue(name)
 
     def intern(self, value: str) -> str:
-        return self._strings.setdefault(value, value)
+        strings = self._strings
+        known = strings.get(value)
+        if known is not None:
+            return known
+        if len(strings) >= STRINGS_INTERNED_MAX:
+            strings.clear()
+        strings[value] = value
+        return value
+
+    def forget_if_empty(self, q: QueueState) -> None:
+        """Drop `q` when it holds nothing and is not declared (issue 13: 100k
+        distinct queue names kept ~1 GiB after every job was acked). Called by
+        `apply` after each event that can empty a queue (ack, a dead-lettering
+        that keeps no record, a dead letter drained or expired, an idempotency key
+        expired), so the live path, a replay and a snapshot's rows all give the
+        same set of queues: the declared ones plus those holding something."""
+        if q.holds_nothing() and q.name not in self.declared:
+            name = q.name
+            del self.queues[name]
+            self._strings.pop(name, None)
 
     def queue(self, name: str) -> QueueState:
         q = self.queues.get(name)
@@ -438,4 +509,4 @@ def job_fields(job: Job) -> list[Any]:
 def push_ready(q: QueueState, job: Job) -> None:
     entry: ReadyEntry = (job.enqueued_at, job.order, job)
     job.entry = entry
-    q.ready[job.priority].push(entry)
+    ready_level_for_push(q, job.priority).push(entry)

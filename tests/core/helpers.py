@@ -206,8 +206,11 @@ class Harness:
         return self.state.jobs[job_id]
 
     def counts(self, queue: str) -> tuple[int, int, int, int]:
-        """(ready, scheduled, in flight, dead letters) of one queue."""
-        q = self.state.queues[queue]
+        """(ready, scheduled, in flight, dead letters) of one queue (all zero for a
+        queue the state does not keep: an undeclared one that holds nothing)."""
+        q = self.state.queues.get(queue)
+        if q is None:
+            return (0, 0, 0, 0)
         return (q.ready_count, q.scheduled_count, q.in_flight_count, len(q.dead))
 
     def ready_order(self, queue: str) -> list[str]:

@@ -1087,11 +1087,13 @@ def test_a_reserve_of_an_unknown_queue_returns_nothing_and_creates_nothing() -> 
     assert h.records[-1][1] == ()
 
 
-def test_a_queue_exists_once_a_job_was_enqueued_to_it_or_it_is_declared() -> None:
+def test_a_queue_exists_while_it_holds_a_job_or_while_it_is_declared() -> None:
+    # Issue 13: an undeclared queue that holds nothing any more is forgotten.
     h = Harness(CoreConfig().with_queue("declared"))
     assert set(h.state.queues) == {"declared"}
     [job_id] = h.enqueue(make_job(queue="used"), now=NOW)
+    assert set(h.state.queues) == {"declared", "used"}
     h.reserve_one("used", now=NOW)
     h.ack(job_id, 1, now=NOW)
-    assert set(h.state.queues) == {"declared", "used"}
+    assert set(h.state.queues) == {"declared"}
     assert h.counts("used") == (0, 0, 0, 0)
