@@ -1179,7 +1179,11 @@ async def after_snapshot_large(ctx: Context) -> None:
     snaps = (
         [n for n in os.listdir(snap_dir) if n.endswith(".snap")] if os.path.isdir(snap_dir) else []
     )
+    published = len(re.findall(r"snapshot at seq \d+ published", log))
+    lives = [int(n) for n in re.findall(r"snapshot at seq \d+ started \(\w+, (\d+) live jobs", log)]
+    ctx.note(f"{published} snapshots published (the largest of {max(lives, default=0)} live jobs)")
     ctx.result.check("no snapshot failed", not failed, (failed or [""])[0][-120:])
+    ctx.result.check("snapshots published", published > 0, "none")
     ctx.result.check("SIGTERM exits 0", server.exit_code == 0, f"exit {server.exit_code}")
     ctx.result.check("snapshot files written", bool(snaps), "no .snap file")
     # Restart from them: every job is still there.
@@ -1583,7 +1587,14 @@ async def after_file_perms(ctx: Context) -> None:
     ctx.result.check("data dir 0700, files 0600", not loose, f"{len(loose)} open to others")
 
 
+async def attack_none(ctx: Context) -> None:
+    """The reference row: no attack, the probe alone, so the other rows' RSS after and
+    latency can be read against what the same time costs without an attacker."""
+    await asyncio.sleep(pick(ctx.scale, 1.0, 5.0, 15.0))
+
+
 ATTACKS: list[Attack] = [
+    Attack("baseline", "-", "no attack: the well-behaved client alone", attack_none),
     Attack("drain-traceparent", "1", "drain of dead letters with 15 MiB traceparents",
            attack_drain_traceparent, lambda s: ServerOptions(settings=DEAD_LETTERS)),
     Attack("drain-payloads", "1", "drain of 256 x 1 MiB payload dead letters",
