@@ -11,7 +11,8 @@ holds: exact and repeatable) and once without it (resident memory from
 /proc/self/statm, what an operator sees; tracemalloc's own bookkeeping would distort
 it). Each measures three moments: idle (the empty state), full (`--count` jobs
 enqueued) and churned (every job reserved and acked; `gc.collect()` before each
-reading). Scenarios, `--count` jobs each:
+reading), then once more after `gcpolicy.release_free_memory()` (trimmed: what the
+server's periodic `gcpolicy.refreeze` gives back). Scenarios, `--count` jobs each:
 
 - baseline: one queue, one job type, no idempotency key;
 - queues: a distinct queue per job;
@@ -42,6 +43,7 @@ from benchmarks.common import machine_line
 from sepp.core import Ack, CoreConfig, Decision, Enqueue, NewJob, Reserve, State, apply_record
 from sepp.core import decide as decide_fn
 from sepp.core.results import ReserveResult
+from sepp.server import gcpolicy
 
 SCENARIOS = ("baseline", "queues", "keys", "types")
 NOW = 1_700_000_000_000
@@ -108,7 +110,16 @@ def child(scenario: str, count: int, traced: bool) -> dict[str, int]:
     _churn(state, scenario, count)
     assert not state.jobs
     churned = reading()
-    return {"idle": idle, "full": full, "churned": churned, "queues_left": len(state.queues)}
+    # What the server's periodic gcpolicy.refreeze does: free heap pages go back.
+    gcpolicy.release_free_memory()
+    trimmed = reading()
+    return {
+        "idle": idle,
+        "full": full,
+        "churned": churned,
+        "trimmed": trimmed,
+        "queues_left": len(state.queues),
+    }
 
 
 def _measure(scenario: str, count: int, traced: bool) -> dict[str, int]:
@@ -145,14 +156,15 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(
         f"{'scenario':<10} {'heap full':>10} {'heap churned':>13} "
-        f"{'RSS idle MiB':>13} {'RSS full MiB':>13} {'RSS churned MiB':>16} {'queues left':>12}"
+        f"{'RSS idle MiB':>13} {'RSS full MiB':>13} {'RSS churned MiB':>16} "
+        f"{'RSS trimmed MiB':>16} {'queues left':>12}"
     )
     for s in SCENARIOS:
         h, r = heap[s], rss[s]
         print(
             f"{s:<10} {per(h, 'full'):>10.0f} {per(h, 'churned'):>13.0f} "
             f"{r['idle'] / 2**20:>13.1f} {r['full'] / 2**20:>13.1f} "
-            f"{r['churned'] / 2**20:>16.1f} {h['queues_left']:>12}"
+            f"{r['churned'] / 2**20:>16.1f} {r['trimmed'] / 2**20:>16.1f} {h['queues_left']:>12}"
         )
     print()
     base_full, base_churned = per(heap["baseline"], "full"), per(heap["baseline"], "churned")
