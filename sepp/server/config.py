@@ -29,6 +29,7 @@ from sepp.core.config import (
     QueuePolicy,
     validate_config,
 )
+from sepp.server.admission import DESCRIPTORS_RESERVED_DEFAULT, STORAGE_DESCRIPTORS_PEAK
 from sepp.server.loops import EVENT_LOOPS
 from sepp.server.pipeline import SYNC_METHODS
 from sepp.storage import PERSIST_MODES, StorageOptions
@@ -64,7 +65,39 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "handshake_timeout_ms": Key(
             "int", 10_000, "close connections that send no hello in time", 1
         ),
-        "max_connections": Key("int", 1024, "connections beyond this are refused", 1),
+        "tls_handshake_timeout_ms": Key(
+            "int", 5_000, "close a TLS connection whose handshake is not done in time", 1
+        ),
+        "max_connections": Key(
+            "int",
+            1024,
+            "open connections, TLS handshakes included (see README, Operating it)",
+            1,
+        ),
+        "max_unauthenticated_connections": Key(
+            "int",
+            128,
+            "connections before their hello; past it the oldest of them is closed",
+            1,
+        ),
+        "frame_bytes_max_before_hello": Key(
+            "int",
+            32 * 1024,
+            "largest frame before hello succeeds (limits.max_message_bytes after)",
+            1024,
+        ),
+        "idle_timeout_ms": Key(
+            "int",
+            600_000,
+            "close a connection silent this long after hello (not one awaiting answers); 0 = never",
+            0,
+        ),
+        "descriptors_reserved": Key(
+            "int",
+            DESCRIPTORS_RESERVED_DEFAULT,
+            f"descriptors kept free for storage (it needs {STORAGE_DESCRIPTORS_PEAK} at once)",
+            STORAGE_DESCRIPTORS_PEAK,
+        ),
         "max_in_flight_per_connection": Key(
             "int", 1024, "requests one connection may have waiting for answers", 1
         ),
@@ -84,6 +117,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "api_keys",
             None,
             'unset = open; [] = deny all; else [{name = "...", key = "..."}] (or plain strings)',
+        ),
+        "api_keys_file": Key(
+            "opt_str",
+            None,
+            'instead of api_keys: a file (mode 0600) with one key per line, "KEY" or "NAME KEY"',
         ),
     },
     "limits": {
@@ -453,7 +491,42 @@ def load_config(
     return config
 
 
+def read_api_keys_file(path: str) -> list[dict[str, str]]:
+    """The keys of an `auth.api_keys_file`: one per line, `KEY` or `NAME KEY`
+    (blank lines and lines starting with # are skipped; a key alone is named
+    key1, key2, ... by its place). Keys kept in a file stay out of the config
+    file, the environment and the process list (issue 13 §6)."""
+    where = "auth.api_keys_file"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(where, f"file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(where, f"{path} is not UTF-8 text: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read {path}: {exc.strerror or exc}") from None
+    entries: list[Any] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) > 2:
+            raise ConfigError(where, f"{path} line {number}: expected KEY or NAME KEY")
+        entries.append(words[0] if len(words) == 1 else {"name": words[0], "key": words[1]})
+    if not entries:
+        raise ConfigError(where, f"{path} holds no key (to refuse everyone, set api_keys = [])")
+    return _coerce_api_keys(where, entries) or []
+
+
 def _cross_validate(config: ServerConfig) -> None:
+    auth = config.values["auth"]
+    if auth["api_keys_file"] is not None:
+        if auth["api_keys"] is not None:
+            raise ConfigError(
+                "auth.api_keys_file", "set auth.api_keys or auth.api_keys_file, not both"
+            )
+        auth["api_keys"] = read_api_keys_file(auth["api_keys_file"])
     server = config.values["server"]
     if (server["tls_cert_path"] is None) != (server["tls_key_path"] is None):
         raise ConfigError(

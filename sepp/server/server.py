@@ -25,11 +25,11 @@ Promises:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import ssl
-from collections import deque
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -63,7 +63,8 @@ from sepp.core.results import (
 from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FrameReader, encode_frame
-from sepp.server import gcpolicy
+from sepp.server import admission, gcpolicy
+from sepp.server.admission import RateLimitedLog, WaitList
 from sepp.server.config import ServerConfig, load_tls_context
 from sepp.server.faults import crash_hook_from_env
 from sepp.server.ids import JobIds
@@ -102,6 +103,8 @@ RELEASE_TRIES_MAX = 100
 
 EXIT_OK = 0
 EXIT_STORAGE_FAILED = 3
+
+REASON_TOO_MANY_CONNECTIONS = "too_many_connections"
 
 
 class ParkedReserve:
@@ -146,8 +149,8 @@ class SeppServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
         self._shutdown_task: asyncio.Task[None] | None = None
-        # queue -> parked reserves in arrival order
-        self._parked: dict[str, deque[ParkedReserve]] = {}
+        # queue -> parked reserves in arrival order (O(1) removal: issue 13 §5)
+        self._parked: dict[str, WaitList[ParkedReserve]] = {}
         self._wake_queued: set[str] = set()
         self._wake_scheduled = False
         self._sweep_timer: asyncio.TimerHandle | None = None
@@ -158,10 +161,26 @@ class SeppServer:
         )
         server = config.values["server"]
         self.handshake_timeout_s = server["handshake_timeout_ms"] / 1000
+        self.tls_handshake_timeout_s = server["tls_handshake_timeout_ms"] / 1000
         self.max_connections = server["max_connections"]
+        self.max_unauthenticated = server["max_unauthenticated_connections"]
+        self.idle_timeout_s = server["idle_timeout_ms"] / 1000
+        self.descriptors_reserved = server["descriptors_reserved"]
+        # Connections the descriptor table holds with the reserve kept free (set
+        # by start() once it has counted what storage and the listener hold).
+        self.descriptor_connections = 2**62
+        # Connections whose hello has not succeeded yet, oldest first (TLS
+        # handshakes included): the first to go when room is needed.
+        self.unauthenticated: OrderedDict[ClientConnection, None] = OrderedDict()
+        self.tls: ssl.SSLContext | None = None
+        # Warnings any peer can trigger at will: at most one a second per kind.
+        self.warn = RateLimitedLog(log)
         self.max_in_flight = server["max_in_flight_per_connection"]
         self.output_buffer_max = server["output_buffer_bytes_max"]
         self.frame_bytes_max = config.get("limits", "max_message_bytes")
+        self.frame_bytes_max_before_hello = min(
+            server["frame_bytes_max_before_hello"], self.frame_bytes_max
+        )
         self.answer_items_bytes_max = self.frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX
         self.sweep_interval_ms = config.get("storage", "sweep_interval_ms")
         self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
@@ -174,6 +193,11 @@ class SeppServer:
         self._loop = asyncio.get_running_loop()
         data_dir = self.config.get("server", "data_dir")
         options = self.config.storage_options()
+        # Before storage opens anything: every connection costs a descriptor, and
+        # the default soft limit (often 1024) is below what max_connections and
+        # storage need together (issue 13 §2).
+        descriptor_limit = admission.raise_descriptor_limit()
+        log.info("%s", descriptor_limit.describe())
         # A bad sync_method is refused before recovery, like any other setting.
         self.sync_method = resolve_sync_method(
             self.config.get("storage", "sync_method"),
@@ -261,15 +285,32 @@ class SeppServer:
         )
         self.pipeline.start(self.sync_method)
         host, port = self.config.listen
-        tls = self._tls_context()
+        # TLS is started per connection (ClientConnection._start_tls), not by the
+        # listener: a connection then counts from its accept, its handshake
+        # included, and one over the caps is closed before any handshake work.
+        self.tls = tls = self._tls_context()
         self._server = await self._loop.create_server(
             lambda: ClientConnection(self),
             host,
             port,
-            ssl=tls,
             reuse_address=True,
             backlog=1024,
         )
+        self.descriptor_connections = admission.connections_for_descriptors(
+            descriptor_limit.soft, admission.open_descriptors(), self.descriptors_reserved
+        )
+        if self.descriptor_connections < self.max_connections:
+            log.warning(
+                "the descriptor limit (soft RLIMIT_NOFILE %s, hard %s) holds only %d "
+                "connections with %d descriptors reserved for storage, not max_connections "
+                "= %d: raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower "
+                "max_connections",
+                descriptor_limit.soft,
+                descriptor_limit.hard,
+                self.descriptor_connections,
+                self.descriptors_reserved,
+                self.max_connections,
+            )
         sock = self._server.sockets[0]
         bound = sock.getsockname()
         self.address = (bound[0], bound[1])
@@ -402,7 +443,10 @@ class SeppServer:
 
     def park(self, parked: ParkedReserve, wait_ms: int) -> None:
         for queue in parked.queues:
-            self._parked.setdefault(queue, deque()).append(parked)
+            waiters = self._parked.get(queue)
+            if waiters is None:
+                waiters = self._parked[queue] = WaitList()
+            waiters.append(parked)
         assert self._loop is not None
         parked.timer = self._loop.call_later(wait_ms / 1000, self._parked_timeout, parked)
         parked.conn.parked.add(parked)
@@ -418,8 +462,7 @@ class SeppServer:
         for queue in parked.queues:
             waiters = self._parked.get(queue)
             if waiters is not None:
-                with contextlib.suppress(ValueError):
-                    waiters.remove(parked)
+                waiters.remove(parked)
                 if not waiters:
                     del self._parked[queue]
 
@@ -521,7 +564,7 @@ class SeppServer:
                 waiters = self._parked.get(queue)
                 if not waiters:
                     break
-                parked = waiters[0]
+                parked = waiters.first()
                 conn = parked.conn
                 if conn.closed or conn.transport is None or conn.transport.is_closing():
                     # Never lease jobs to a reserve whose answer cannot be delivered.
@@ -594,13 +637,28 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, server: SeppServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.reader = FrameReader(server.frame_bytes_max)
+        # Until hello succeeds only a small frame is taken, one frame at a time
+        # (issue 13 §4: 171 silent peers each buffering 16 MiB took 2.8 GiB).
+        self.reader = FrameReader(server.frame_bytes_max_before_hello)
         self.peer = "?"
         self.hello_done = False
         self.closed = False
         self.in_flight = 0
         self.parked: set[ParkedReserve] = set()
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        # time.monotonic() of the last bytes received or answer sent (idle timeout).
+        self.last_activity = 0.0
+        self._tls_task: asyncio.Task[None] | None = None
+        # The TLS handshake is done, or there is none: until then nothing is read
+        # as frames nor written in clear.
+        self._tls_ready = server.tls is None
+        # TLS only: bytes read before the handshake took over the socket (uvloop
+        # starts reading after connection_made whatever it asked), handed to it.
+        self._early: bytearray | None = None
+        # TLS only: bytes the handshake decrypted before _start_tls switched
+        # self.transport over (they arrive in the same turn as its completion).
+        self._pending: bytearray | None = None
         self._reading_paused = False
         # The client half-closed: answer what is in flight, then close.
         self.eof = False
@@ -614,29 +672,145 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         server = self.server
-        if server.stopping:
+        # Admission (admission.admit's table): TLS handshakes count, for the
+        # connection is admitted at its accept, before any handshake work.
+        unauthenticated = server.unauthenticated
+        outcome = admission.admit(
+            stopping=server.stopping,
+            connections=len(server.connections),
+            unauthenticated=len(unauthenticated),
+            max_connections=server.max_connections,
+            max_unauthenticated=server.max_unauthenticated,
+            descriptor_connections=server.descriptor_connections,
+        )
+        if outcome == admission.REFUSE_SHUTTING_DOWN:
             self._refuse(perr.UNAVAILABLE, perr.REASON_SHUTTING_DOWN, "the server is shutting down")
             return
-        if len(server.connections) >= server.max_connections:
-            log.warning(
-                "refused connection from %s: %d connections open",
+        if outcome == admission.REFUSE_CONNECTIONS or outcome == admission.REFUSE_DESCRIPTORS:
+            descriptors = outcome == admission.REFUSE_DESCRIPTORS
+            server.warn.warning(
+                outcome,
+                "refused connection from %s: %d connections open, all authenticated (%s)",
                 self.peer,
                 len(server.connections),
+                "the descriptors left are reserved for storage"
+                if descriptors
+                else "max_connections",
             )
-            self._refuse(perr.RESOURCE_EXHAUSTED, "too_many_connections", "too many connections")
+            self._refuse(
+                perr.RESOURCE_EXHAUSTED,
+                REASON_TOO_MANY_CONNECTIONS,
+                "too many connections" + (" for the descriptor limit" if descriptors else ""),
+            )
             return
+        if outcome == admission.ADMIT_EVICTING_OLDEST:
+            oldest = next(iter(unauthenticated))
+            server.warn.warning(
+                outcome,
+                "closing %s, the oldest of %d connections without hello, to make room for %s",
+                oldest.peer,
+                len(unauthenticated),
+                self.peer,
+            )
+            oldest._refuse(
+                perr.RESOURCE_EXHAUSTED,
+                REASON_TOO_MANY_CONNECTIONS,
+                "too many connections without hello: closed to make room",
+            )
         server.connections.add(self)
-        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        unauthenticated[self] = None
+        self.last_activity = time.monotonic()
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(server.handshake_timeout_s, self._handshake_expired)
+        if server.tls is not None:
+            # Nothing should be read until the handshake starts (start_tls
+            # resumes); what is read anyway is kept for it (data_received).
+            self._early = bytearray()
+            self.transport.pause_reading()
+            self._tls_task = loop.create_task(self._start_tls(self.transport, server.tls))
+            return
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+
+    async def _start_tls(self, plain: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake of an admitted connection, at most
+        tls_handshake_timeout_ms long; on failure the connection ends here
+        (asyncio tells the protocol nothing of a handshake that failed)."""
+        loop = asyncio.get_running_loop()
+        handshake = asyncio.ensure_future(
+            loop.start_tls(
+                plain,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=self.server.tls_handshake_timeout_s,
+            )
+        )
+        # Bytes read before start_tls took the socket go to the TLS protocol once
+        # it is set up: start_tls's first step (the step just scheduled) queues
+        # its connection_made and the resumed reading; one more hop queues the
+        # hand-over behind them, before any byte read later.
+        loop.call_soon(loop.call_soon, self._hand_over_early, plain)
+        try:
+            transport = await handshake
+        except asyncio.CancelledError:
+            # Closed by the server during the handshake (room made, shutdown).
+            plain.abort()
+            self.connection_lost(None)
+            raise
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
+            self.server.warn.warning(
+                "tls_handshake_failed",
+                "closing %s: TLS handshake failed: %s",
+                self.peer,
+                exc or type(exc).__name__,
+            )
+            plain.abort()
+            self.connection_lost(exc)
+            return
+        if transport is None:  # pragma: no cover - closed during the handshake
+            plain.abort()
+            self.connection_lost(None)
+            return
+        self.transport = transport
+        self._tls_ready = True
+        pending, self._pending = self._pending, None
+        if self.closed:  # closed while the handshake ran (shutdown, hello timeout)
+            self.transport.abort()
+            return
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        if pending:
+            self.data_received(bytes(pending))
+
+    def _hand_over_early(self, plain: asyncio.Transport) -> None:
+        early, self._early = self._early, None
+        self._pending = bytearray()
+        if not early or plain.is_closing():
+            return
+        # A buffered protocol by its methods: uvloop's SSLProtocol does not
+        # subclass asyncio.BufferedProtocol.
+        tls = cast(asyncio.BufferedProtocol, plain.get_protocol())
+        view = memoryview(early)
+        while view:
+            buffer = memoryview(tls.get_buffer(len(view))).cast("B")
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            tls.buffer_updated(size)
+            view = view[size:]
 
     def _refuse(self, code: str, reason: str, message: str) -> None:
-        assert self.transport is not None
-        self.transport.write(
+        transport = self.transport
+        assert transport is not None
+        self.closed = True
+        self._end_tls_handshake()
+        if not self._tls_ready:
+            # Refused at accept or during the handshake on a TLS listener: the
+            # peer expects handshake records, not a frame in clear. Close at once.
+            transport.abort()
+            return
+        transport.write(
             encode_frame(pm.encode_response(0, code, pm.error_body(message, reason=reason)))
         )
-        self.closed = True
-        self.transport.close()
+        transport.close()
 
     def eof_received(self) -> bool | None:
         # A half-close means "no more requests", not "no more answers": commands
@@ -655,12 +829,18 @@ class ClientConnection(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # Also called by _start_tls for a failed handshake: must be idempotent.
         self.closed = True
-        self.server.connections.discard(self)
+        server = self.server
+        server.connections.discard(self)
+        server.unauthenticated.pop(self, None)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         for parked in list(self.parked):
-            self.server.unpark(parked)
+            server.unpark(parked)
 
     def pause_writing(self) -> None:
         # The client is not reading its responses: stop reading its requests.
@@ -675,6 +855,21 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
+            return
+        if not self._tls_ready:
+            early = self._early
+            if early is not None:
+                # Read before the TLS handshake took over: kept for it.
+                early += data
+                if self.transport is not None:
+                    self.transport.pause_reading()
+            elif self._pending is not None:
+                # Decrypted before _start_tls switched transports: kept for it.
+                self._pending += data
+            return
+        self.last_activity = time.monotonic()
+        if not self.hello_done:
+            self._data_before_hello(data)
             return
         try:
             frames = self.reader.feed(data)
@@ -699,6 +894,65 @@ class ClientConnection(asyncio.Protocol):
             log.warning("closing %s: %s", self.peer, exc)
             self.close()
 
+    def _data_before_hello(self, data: bytes) -> None:
+        """Frames before a successful hello: one at a time, each within
+        frame_bytes_max_before_hello (checked from its length prefix, before its
+        body is buffered or decoded); once hello succeeds the rest goes the
+        usual way under the full frame limit."""
+        reader = self.reader
+        chunk: bytes = data
+        while True:
+            try:
+                frames = reader.feed(chunk, 1)
+            except perr.FrameTooLarge as exc:
+                self.server.warn.warning(
+                    "frame_before_hello", "closing %s before hello: %s", self.peer, exc
+                )
+                self._refuse(perr.RESOURCE_EXHAUSTED, perr.REASON_FRAME_TOO_LARGE, str(exc))
+                return
+            except perr.FramingError as exc:
+                self.server.warn.warning(
+                    "framing_before_hello", "closing %s before hello: %s", self.peer, exc
+                )
+                self.close()
+                return
+            if not frames:
+                return
+            chunk = b""
+            self._handle_frame(frames[0])
+            if self.closed:
+                return
+            if self.hello_done:
+                reader.frame_bytes_max = self.server.frame_bytes_max
+                if reader.buffered:
+                    self.data_received(b"")
+                return
+
+    def _idle_check(self) -> None:
+        """Close an authenticated connection that has sent nothing for
+        idle_timeout_ms and is owed nothing (no request in flight, no parked
+        reserve: a worker's long poll is not idleness)."""
+        self._idle_timer = None
+        if self.closed:
+            return
+        idle_s = self.server.idle_timeout_s
+        now = time.monotonic()
+        if self.parked or self.in_flight > 0:
+            due = now + idle_s
+        else:
+            due = self.last_activity + idle_s
+            if due <= now:
+                self.server.warn.warning(
+                    "idle_timeout",
+                    "closing %s: idle for %.0fs (idle_timeout_ms)",
+                    self.peer,
+                    now - self.last_activity,
+                )
+                self.close()
+                return
+        loop = asyncio.get_running_loop()
+        self._idle_timer = loop.call_later(due - now, self._idle_check)
+
     # -- output --------------------------------------------------------------------------
 
     def send_frame(self, frame: bytes) -> None:
@@ -706,6 +960,7 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None:
             return
+        self.last_activity = time.monotonic()
         # Judge the client by what it left unread before this response: a single
         # legal response can be larger than the cap (a reserve of 256 jobs of
         # 1 MiB each), and a client that reads must not be cut off for it.
@@ -783,18 +1038,34 @@ class ClientConnection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._end_tls_handshake()
             if self.transport is not None:
                 self.transport.close()
 
     def abort(self) -> None:
         self.closed = True
+        self._end_tls_handshake()
         if self.transport is not None:
             self.transport.abort()
 
+    def _end_tls_handshake(self) -> None:
+        """Called as the server closes the connection. It is no longer a
+        candidate to make room (its descriptor stays counted until
+        connection_lost). A TLS handshake still running is ended by its task
+        (uvloop does not fail a handshake whose transport the server closed),
+        which then counts the connection gone."""
+        self.server.unauthenticated.pop(self, None)
+        task = self._tls_task
+        if task is not None and not self._tls_ready:
+            task.cancel()
+
     def _handshake_expired(self) -> None:
         if not self.hello_done and not self.closed:
-            log.warning(
-                "closing %s: no hello within %.1fs", self.peer, self.server.handshake_timeout_s
+            self.server.warn.warning(
+                "no_hello",
+                "closing %s: no hello within %.1fs",
+                self.peer,
+                self.server.handshake_timeout_s,
             )
             self.close()
 
@@ -822,7 +1093,9 @@ class ClientConnection(asyncio.Protocol):
             return
         op = request.op
         if not self.hello_done and op not in (pm.OP_HELLO, pm.OP_HEALTH):
-            log.warning("closing %s: %s before hello", self.peer, op)
+            self.server.warn.warning(
+                "request_before_hello", "closing %s: %s before hello", self.peer, op
+            )
             self.error(request.id, perr.INVALID_ARGUMENT, "the first request must be hello")
             self.close()
             return
@@ -883,7 +1156,9 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         if not server.check_api_key(body.api_key):
-            log.warning(
+            # Rate-limited: a peer can fail hellos as fast as it can connect.
+            server.warn.warning(
+                "hello_failed",
                 "closing %s: %s",
                 self.peer,
                 "missing API key" if body.api_key is None else "unknown API key",
@@ -892,9 +1167,14 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         self.hello_done = True
+        server.unauthenticated.pop(self, None)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
+        if server.idle_timeout_s > 0:
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                server.idle_timeout_s, self._idle_check
+            )
         self.reply(
             request_id,
             perr.OK,

@@ -72,3 +72,53 @@ async def test_a_plain_tcp_client_gets_nothing_and_the_server_keeps_serving(
 def test_a_certificate_without_its_key_is_a_configuration_error(server_factory, certificate):
     with pytest.raises(RuntimeError, match="tls_cert_path and tls_key_path"):
         server_factory(env={"SEPP_SERVER__TLS_CERT_PATH": str(certificate[0])})
+
+
+def tls_env(certificate, **extra: str) -> dict[str, str]:
+    cert, key = certificate
+    return {
+        "SEPP_SERVER__TLS_CERT_PATH": str(cert),
+        "SEPP_SERVER__TLS_KEY_PATH": str(key),
+        **extra,
+    }
+
+
+async def test_a_tls_handshake_that_never_finishes_is_closed_after_its_timeout(
+    server_factory, certificate
+):
+    server = server_factory(
+        env=tls_env(
+            certificate,
+            SEPP_SERVER__TLS_HANDSHAKE_TIMEOUT_MS="200",
+            SEPP_SERVER__HANDSHAKE_TIMEOUT_MS="60000",
+        )
+    )
+    stalled = await RawClient.connect(server.address)  # TCP only: no ClientHello
+    await stalled.wait_closed()
+    assert stalled.arrivals == []
+    context = ssl.create_default_context(cafile=str(certificate[0]))
+    client = await RawClient.connect(server.address, tls=context)
+    assert await client.ok("health") == {"status": "serving"}
+
+
+async def test_half_finished_tls_handshakes_count_as_connections_without_hello(
+    server_factory, certificate
+):
+    server = server_factory(
+        env=tls_env(
+            certificate,
+            SEPP_SERVER__MAX_UNAUTHENTICATED_CONNECTIONS="1",
+            SEPP_SERVER__TLS_HANDSHAKE_TIMEOUT_MS="60000",
+            SEPP_SERVER__HANDSHAKE_TIMEOUT_MS="60000",
+        )
+    )
+    first = await RawClient.connect(server.address)  # a handshake that never starts
+    second = await RawClient.connect(server.address)
+    # The cap of one: the older handshake made room (closed, nothing in clear).
+    await first.wait_closed()
+    assert first.arrivals == []
+    assert not second.closed
+    context = ssl.create_default_context(cafile=str(certificate[0]))
+    client = await RawClient.connect(server.address, tls=context)
+    await second.wait_closed()
+    assert await client.ok("health") == {"status": "serving"}

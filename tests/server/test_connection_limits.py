@@ -1,0 +1,328 @@
+"""Connections a peer cannot use to exhaust the server (issue 13 §2, §4, §5, §6): the
+cap on connections without hello, the small frame before hello, the idle timeout,
+the descriptor reserve, the raised RLIMIT_NOFILE, rate-limited warnings.
+
+Real servers on 127.0.0.1:0, except where only the server's own state shows the
+point (in process, on a file system in memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import struct
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from sepp.protocol import messages as pm
+from sepp.protocol.framing import encode_frame
+from sepp.server import admission
+from sepp.server.config import ServerConfig, load_config
+from sepp.server.server import SeppServer
+from sepp.storage.faultfs import FaultyFileSystem
+from tests.server.conftest import RawClient, connect, job, payload, wait_until
+
+resource = pytest.importorskip("resource")
+
+
+async def never_hello(address: str, count: int) -> list[RawClient]:
+    """`count` connections that never say anything."""
+    return [await RawClient.connect(address) for _ in range(count)]
+
+
+def closed_to_make_room(client: RawClient) -> bool:
+    errors = client.connection_errors
+    return (
+        client.closed
+        and len(errors) == 1
+        and errors[0].status == "resource_exhausted"
+        and errors[0].body["reason"] == "too_many_connections"
+    )
+
+
+# -- the cap on connections without hello ---------------------------------------------------
+
+
+async def test_never_hello_sockets_up_to_the_pre_auth_cap_do_not_keep_an_authenticated_client_out(
+    server_factory, queue_names
+):
+    server = server_factory(
+        env={
+            "SEPP_SERVER__MAX_CONNECTIONS": "4",
+            "SEPP_SERVER__MAX_UNAUTHENTICATED_CONNECTIONS": "2",
+        }
+    )
+    # As many silent sockets as the whole connection cap: before the fix they
+    # took every slot and the next client was refused.
+    silent = await never_hello(server.address, 4)
+    # The oldest two made room for the newer two, with an error frame each.
+    await wait_until(
+        lambda: sum(closed_to_make_room(c) for c in silent) == 2, what="two silent closed"
+    )
+    assert [closed_to_make_room(c) for c in silent] == [True, True, False, False]
+    client = await connect(server.address)
+    q = next(queue_names)
+    (job_id,) = await client.enqueue_ids(job(q))
+    # More silent sockets push out each other, never the authenticated client.
+    more = await never_hello(server.address, 3)
+    await wait_until(
+        lambda: sum(closed_to_make_room(c) for c in silent + more) == 5, what="five closed"
+    )
+    (delivered,) = await client.reserve([q])
+    assert delivered["id"] == job_id
+    assert not client.closed
+    # A second real client still gets in (a silent one makes room for it).
+    second = await connect(server.address)
+    assert await second.ok("health") == {"status": "serving"}
+    client.assert_clean()
+
+
+async def test_when_every_connection_is_authenticated_a_newcomer_is_refused(server_factory):
+    server = server_factory(
+        env={
+            "SEPP_SERVER__MAX_CONNECTIONS": "2",
+            "SEPP_SERVER__MAX_UNAUTHENTICATED_CONNECTIONS": "2",
+        }
+    )
+    first = await connect(server.address)
+    second = await connect(server.address)
+    refused = await RawClient.connect(server.address)
+    await refused.wait_closed()
+    (error,) = refused.arrivals
+    assert (error.id, error.status, error.body["reason"]) == (
+        0,
+        "resource_exhausted",
+        "too_many_connections",
+    )
+    assert await first.ok("health") == {"status": "serving"}
+    assert await second.ok("health") == {"status": "serving"}
+
+
+# -- the frame limit before hello ---------------------------------------------------------
+
+
+async def test_a_frame_over_the_pre_hello_limit_is_refused_from_its_length_prefix(
+    server_factory,
+):
+    server = server_factory(env={"SEPP_SERVER__FRAME_BYTES_MAX_BEFORE_HELLO": "4096"})
+    for length in (4097, 1024 * 1024, 16 * 1024 * 1024):
+        client = await RawClient.connect(server.address)
+        # Only the 4-byte prefix: the server must not wait for (or buffer) the body.
+        client.send_raw(struct.pack(">I", length))
+        await client.wait_closed()
+        (error,) = client.arrivals
+        assert (error.id, error.status, error.body["reason"]) == (
+            0,
+            "resource_exhausted",
+            "frame_too_large",
+        )
+        client.assert_clean()
+    # After hello the full limit holds again.
+    client = await connect(server.address)
+    assert (await client.ok("server_info"))["max_message_bytes"] == 16 * 1024 * 1024
+
+
+async def test_a_large_request_pipelined_behind_a_hello_is_judged_by_the_full_limit(
+    server_factory, queue_names
+):
+    server = server_factory(env={"SEPP_SERVER__FRAME_BYTES_MAX_BEFORE_HELLO": "4096"})
+    client = await RawClient.connect(server.address)
+    q = next(queue_names)
+    data = b"x" * 100_000
+    hello = pm.encode_request(101, "hello", {"protocol": pm.PROTOCOL_VERSION})
+    enqueue = pm.encode_request(102, "enqueue", {"jobs": [job(q, payload=payload(data))]})
+    # One write: both frames usually arrive in one read.
+    client.send_raw(encode_frame(hello) + encode_frame(enqueue))
+    assert (await client.response(101)).status == "ok"
+    response = await client.response(102)
+    assert response.status == "ok", response
+    (delivered,) = await client.reserve([q])
+    assert delivered["payload"]["data"] == data
+
+
+async def test_health_before_hello_is_still_answered_frame_by_frame(server_factory):
+    server = server_factory()
+    client = await RawClient.connect(server.address)
+    first = client.send("health")
+    second = client.send("health")
+    assert (await client.response(first)).body == {"status": "serving"}
+    assert (await client.response(second)).body == {"status": "serving"}
+    await client.hello()
+    assert await client.ok("health") == {"status": "serving"}
+
+
+# -- the idle timeout ---------------------------------------------------------------------
+
+
+async def test_the_idle_timeout_closes_a_silent_connection_but_not_one_with_a_parked_reserve(
+    server_factory, queue_names
+):
+    server = server_factory(env={"SEPP_SERVER__IDLE_TIMEOUT_MS": "300"})
+    q = next(queue_names)
+    waiting = await connect(server.address)
+    parked = waiting.send("reserve", waiting.reserve_body([q], wait_ms=60_000))
+    idle = await connect(server.address)
+    # The idle check of `waiting` is due before that of `idle` (it said hello
+    # first): once `idle` is closed, `waiting` has been judged and kept.
+    await idle.wait_closed()
+    assert idle.connection_errors == []
+    assert not waiting.closed
+    producer = await connect(server.address)
+    (job_id,) = await producer.enqueue_ids(job(q))
+    response = await waiting.response(parked)
+    assert [j["id"] for j in response.body["jobs"]] == [job_id]
+    assert await waiting.ok("health") == {"status": "serving"}
+
+
+async def test_an_idle_timeout_of_zero_never_closes(server_factory):
+    server = server_factory(
+        env={"SEPP_SERVER__IDLE_TIMEOUT_MS": "0", "SEPP_SERVER__HANDSHAKE_TIMEOUT_MS": "100"}
+    )
+    quiet = await connect(server.address)
+    # A never-hello connection times out after 100 ms; by then a 0 idle timeout
+    # (were it a timer) would have fired long ago.
+    silent = await RawClient.connect(server.address)
+    await silent.wait_closed()
+    assert not quiet.closed
+    assert await quiet.ok("health") == {"status": "serving"}
+
+
+# -- RLIMIT_NOFILE at startup -----------------------------------------------------------------
+
+
+@pytest.fixture
+def lowered_soft_descriptor_limit() -> Iterator[int]:
+    """Lower this process's soft RLIMIT_NOFILE (a child inherits it); put it back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = 256
+    if hard != resource.RLIM_INFINITY and hard <= lowered:
+        pytest.skip(f"the hard descriptor limit ({hard}) leaves nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        yield lowered
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_server_raises_its_soft_descriptor_limit_at_startup(
+    server_factory, lowered_soft_descriptor_limit
+):
+    server = server_factory()
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = admission.DESCRIPTORS_TARGET_UNLIMITED if hard == resource.RLIM_INFINITY else hard
+    assert (
+        f"descriptor limit: raised soft RLIMIT_NOFILE from {lowered_soft_descriptor_limit} "
+        f"to {target} (hard {hard})"
+    ) in server.log()
+    assert server.stop() == 0
+
+
+# -- in process: the descriptor reserve, the rate-limited hello warning --------------------------
+
+
+@pytest.fixture
+def _in_process(tmp_path, monkeypatch) -> Iterator[None]:
+    """Run where there is no ./sepp.toml; put back the process-wide GC tuning
+    SeppServer.start applies."""
+    monkeypatch.chdir(tmp_path)
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def in_process_config(**env: str) -> ServerConfig:
+    environment = {f"SEPP_{name.upper()}": value for name, value in env.items()}
+    return load_config(
+        None,
+        env=environment,
+        overrides={("server", "data_dir"): "/sepp-data", ("server", "listen_addr"): "127.0.0.1:0"},
+    )
+
+
+@contextlib.asynccontextmanager
+async def in_process(config: ServerConfig) -> AsyncIterator[SeppServer]:
+    server = SeppServer(config, fs=FaultyFileSystem())
+    await server.start()
+    try:
+        yield server
+    finally:
+        if not server.stopping:
+            await server.shutdown()
+        await asyncio.wait_for(server.wait_stopped(), 30)
+
+
+def address_of(server: SeppServer) -> str:
+    assert server.address is not None
+    return f"{server.address[0]}:{server.address[1]}"
+
+
+async def test_a_connection_that_would_eat_into_the_descriptor_reserve_is_refused(
+    _in_process, monkeypatch, caplog
+):
+    # A small configured limit: room for exactly two connections beside what is
+    # open and the reserve (the real limit is not touched).
+    reserved = 16
+    monkeypatch.setattr(admission, "open_descriptors", lambda: 100)
+    monkeypatch.setattr(
+        admission,
+        "raise_descriptor_limit",
+        lambda: admission.DescriptorLimit(soft_before=118, soft=118, hard=118),
+    )
+    config = in_process_config(server__descriptors_reserved=str(reserved))
+    with caplog.at_level(logging.WARNING, logger="sepp.server"):
+        async with in_process(config) as server:
+            assert server.descriptor_connections == 2
+            assert "holds only 2 connections" in caplog.text
+            address = address_of(server)
+            first = await connect(address)
+            silent = await RawClient.connect(address)
+            # The bound is full, but one connection has no hello: it makes room.
+            second = await connect(address)
+            await wait_until(lambda: closed_to_make_room(silent), what="silent closed")
+            # Now both are authenticated: the next one is refused at accept.
+            refused = await RawClient.connect(address)
+            await refused.wait_closed()
+            (error,) = refused.arrivals
+            assert error.body["reason"] == "too_many_connections"
+            assert "descriptor limit" in error.body["message"]
+            assert "descriptors left are reserved for storage" in caplog.text
+            assert await first.ok("health") == {"status": "serving"}
+            assert await second.ok("health") == {"status": "serving"}
+
+
+async def test_failed_hellos_log_one_warning_per_interval(_in_process, caplog):
+    config = in_process_config(auth__api_keys='["right"]')
+    with caplog.at_level(logging.WARNING, logger="sepp.server"):
+        async with in_process(config) as server:
+            server.warn.clock = lambda: 1000.0  # frozen: every failure in one interval
+            for _ in range(20):
+                await failed_hello(address_of(server))
+            server.warn.clock = lambda: 1001.0
+            await failed_hello(address_of(server))
+    lines = [r.getMessage() for r in caplog.records if "unknown API key" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "(19 similar line(s) held back" in lines[1]
+
+
+async def failed_hello(address: str) -> None:
+    client = await RawClient.connect(address)
+    response = await client.call("hello", {"protocol": pm.PROTOCOL_VERSION, "api_key": "wrong"})
+    assert response.status == "unauthenticated"
+    await client.wait_closed()
+
+
+async def test_each_newcomer_closes_a_different_connection_without_hello(_in_process):
+    # In process, on the standard asyncio loop: a closed connection is reported
+    # lost a turn later, and must not be picked to make room a second time.
+    config = in_process_config(server__max_unauthenticated_connections="2")
+    async with in_process(config) as server:
+        silent = await never_hello(address_of(server), 5)
+        await wait_until(
+            lambda: sum(closed_to_make_room(c) for c in silent) == 3, what="three closed"
+        )
+        assert [closed_to_make_room(c) for c in silent] == [True, True, True, False, False]
+        await wait_until(lambda: len(server.connections) == 2, what="the closed ones lost")
+        assert len(server.unauthenticated) == 2
