@@ -12,6 +12,10 @@ Promises:
   barrier is durable (`CommitPipeline`), so nothing is acknowledged early.
 - A misbehaving client (garbage, oversized frames, a request flood, a slow reader)
   is answered with an error or disconnected; no other connection notices.
+- Connections cannot starve storage or each other (admission.py): descriptors are
+  kept in reserve for storage, connections without hello (TLS handshakes
+  included) are capped and the oldest of them makes room for a newcomer, frames
+  before hello are small, and a connection silent after hello is closed.
 - Parked reserves are woken by the command that made jobs ready, one waiter at a
   time per queue while jobs remain (no thundering herd); they answer empty on
   their deadline, at shutdown, when withdrawn, and when their client half-closes
