@@ -1212,7 +1212,7 @@ def churn_options(scale: str) -> ServerOptions:
 
 async def churn(
     ctx: Context, count: int, make: Callable[[int], dict[str, Any]], queues: Callable[[int], str]
-) -> None:
+) -> list[str]:
     """Enqueue `count` jobs, reserve them (32 queues per reserve), ack them all."""
     conn = await authed(ctx.address)
     for start in range(0, count, 256 * 16):
@@ -1251,12 +1251,16 @@ async def churn(
     live = sum(q["ready"] + q["in_flight"] + q["scheduled"] for q in known["queues"])
     ctx.note(f"{count} jobs churned; {len(known['queues'])} queues still known, {live} jobs live")
     await conn.close()
+    return [q["name"] for q in known["queues"]]
 
 
 async def attack_queue_churn(ctx: Context) -> None:
     count = pick(ctx.scale, 5000, 20000, 100_000)
     tag = ctx.rng.randrange(10**6)
-    await churn(ctx, count, lambda i: job(f"churn-{tag}-{i}"), lambda i: f"churn-{tag}-{i}")
+    known = await churn(ctx, count, lambda i: job(f"churn-{tag}-{i}"), lambda i: f"churn-{tag}-{i}")
+    kept = [name for name in known if name.startswith(f"churn-{tag}-")]
+    # An undeclared queue left with nothing is forgotten (README, Operating it).
+    ctx.result.check("emptied queues forgotten", not kept, f"{len(kept)} still known")
 
 
 async def attack_job_types(ctx: Context) -> None:
@@ -1276,6 +1280,16 @@ async def attack_idempotency_keys(ctx: Context) -> None:
     rss, _ = read_status(ctx.server.pid)
     per_key = (rss - ctx.result.rss_idle) * KiB / count
     ctx.note(f"~{per_key:.0f} B of RSS per key inside the 3 s window")
+    # Once the window has passed the keys expire, and their queue is forgotten.
+    conn = await authed(ctx.address)
+    deadline = time.monotonic() + 3.0 + 10.0
+    while True:
+        known = [q["name"] for q in (await conn.ok("queue_stats", {}))["queues"]]
+        if "keys" not in known or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.25)
+    await conn.close()
+    ctx.result.check("expired keys reclaimed", "keys" not in known, "their queue is still known")
 
 
 async def raw_flood(
