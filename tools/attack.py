@@ -1128,7 +1128,7 @@ async def attack_fd_never_hello(ctx: Context) -> None:
 
 
 async def attack_tls_handshakes(ctx: Context) -> None:
-    count = pick(ctx.scale, 300, 1100, 1100)
+    count = 1100
     hold_s = pick(ctx.scale, 3.0, 7.0, 12.0)
     roller = SegmentRoller(ctx)
     await roller.open()
