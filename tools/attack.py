@@ -276,7 +276,11 @@ class Server:
 
     def _preexec(self) -> None:
         if self.options.nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (self.options.nofile, self.options.nofile))
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            limit = self.options.nofile
+            if hard != resource.RLIM_INFINITY:
+                limit = min(limit, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
         if self.options.umask is not None:
             os.umask(self.options.umask)
 
