@@ -54,6 +54,9 @@ class StandInTransport:
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
 
+    def is_closing(self) -> bool:
+        return False
+
     def close(self) -> None:
         pass
 
