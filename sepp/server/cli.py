@@ -2,10 +2,10 @@
 running server.
 
     sepp serve [--config FILE] [--data-dir DIR] [--listen HOST:PORT]
-               [--persist-mode sync_all|sync_data|buffer]
+               [--persist-mode sync_all|sync_data|buffer] [--api-keys-file FILE]
     sepp config example
     sepp info | stats | enqueue QUEUE JOB_TYPE [...] | dead-letters drain [--queue Q]
-         (operator commands, each with --addr and --api-key)
+         (operator commands, each with --addr and --api-key-file or --api-key)
 
 Exit codes: 0 normal shutdown or success; 1 startup or configuration error, or an
 operator command that failed; 2 usage error; 3 storage failure while running.
@@ -39,6 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
         ("server", "data_dir"): args.data_dir,
         ("server", "listen_addr"): args.listen,
         ("storage", "persist_mode"): args.persist_mode,
+        ("auth", "api_keys_file"): args.api_keys_file,
     }
     try:
         config = load_config(args.config, overrides=overrides)
@@ -104,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen", help="HOST:PORT to listen on (default 127.0.0.1:7463; port 0 = any)"
     )
     serve.add_argument("--persist-mode", choices=PERSIST_MODES, help="default sync_all")
+    serve.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help='the API keys, one per line ("KEY" or "NAME KEY"): auth.api_keys_file',
+    )
     serve.set_defaults(func=_serve)
 
     config = sub.add_parser("config", help="configuration helpers")

@@ -262,3 +262,61 @@ def test_a_second_server_on_the_same_data_directory_exits_1(server_factory, tmp_
     )
     assert second.returncode == 1
     assert "locked" in second.stderr
+
+
+# ---------------------------------------------------------------- API keys from a file
+
+
+def test_api_keys_can_come_from_a_file_instead_of_the_config_or_environment(tmp_path):
+    # Keys in the config file or in SEPP_AUTH__API_KEYS end up in files others may
+    # read and in the environment of every child (issue 13 §6): a keys file holds
+    # them alone.
+    keys = tmp_path / "keys"
+    keys.write_text("# ops team\nops s3cret\n\n  plain-key  \n")
+    config = tmp_path / "sepp.toml"
+    config.write_text(f'[auth]\napi_keys_file = "{keys}"\n')
+    expected = [("ops", "s3cret"), ("key2", "plain-key")]
+    from_file = load_config(str(config), env={})
+    assert [(k.name, k.key) for k in from_file.api_keys or []] == expected
+    from_env = load_config(None, env={"SEPP_AUTH__API_KEYS_FILE": str(keys)})
+    assert [(k.name, k.key) for k in from_env.api_keys or []] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        (None, {}, "does not exist"),
+        ("\n# nothing\n", {}, "holds no key"),
+        ("a b c\n", {}, "line 1: expected KEY or NAME KEY"),
+        ("a k1\na k2\n", {}, "key names must be unique"),
+        ("k\n", {"SEPP_AUTH__API_KEYS": '["other"]'}, "not both"),
+    ],
+    ids=["missing", "empty", "three words", "duplicate names", "both settings"],
+)
+def test_an_api_keys_file_that_cannot_be_used_is_refused_naming_the_key(
+    tmp_path, text, env, message
+):
+    keys = tmp_path / "keys"
+    if text is not None:
+        keys.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, env={"SEPP_AUTH__API_KEYS_FILE": str(keys), **env})
+    assert "auth.api_keys_file" in str(refused.value)
+    assert message in str(refused.value)
+
+
+def test_serve_takes_its_keys_from_api_keys_file_and_clients_from_api_key_file(
+    server_factory, tmp_path
+):
+    keys = tmp_path / "keys"
+    keys.write_text("ops s3cret\n")
+    client_key = tmp_path / "client-key"
+    client_key.write_text("s3cret\n")
+    server = server_factory(args=["--api-keys-file", str(keys)])
+    command = [sys.executable, "-m", "sepp.server.cli", "info", "--addr", server.address]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    allowed = subprocess.run(
+        [*command, "--api-key-file", str(client_key)], capture_output=True, text=True, timeout=60
+    )
+    assert allowed.returncode == 0, allowed.stderr
