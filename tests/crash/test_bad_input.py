@@ -240,7 +240,7 @@ def test_a_forged_snapshot_with_valid_checksums_is_caught_by_verify_not_by_recov
     forged = b"".join(encode_snapshot(result.state, seq))
     newest.write_bytes(forged)
     verify = subprocess.run(
-        [sys.executable, "-m", "tools.sepp_log", "verify", "--no-progress", str(data_dir)],
+        [sys.executable, "-m", "sepp_tools.sepp_log", "verify", "--no-progress", str(data_dir)],
         capture_output=True,
         text=True,
         check=False,

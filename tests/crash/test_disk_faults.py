@@ -387,7 +387,14 @@ def test_a_flipped_bit_in_a_sealed_segment_refuses_to_start_and_says_exactly_whe
     assert f"file {path}; offset {record.offset}; seq {record.seq}" in stderr, stderr
     assert "sepp-log verify" in stderr
     verify = subprocess.run(
-        [sys.executable, "-m", "tools.sepp_log", "verify", "--no-progress", str(server.data_dir)],
+        [
+            sys.executable,
+            "-m",
+            "sepp_tools.sepp_log",
+            "verify",
+            "--no-progress",
+            str(server.data_dir),
+        ],
         capture_output=True,
         text=True,
         check=False,
