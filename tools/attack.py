@@ -53,6 +53,8 @@ from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FRAME_BYTES_MAX_DEFAULT, FrameReader, encode_frame
 
+# `tools` in a checkout, `sepp_tools` when installed: the helper processes run as modules of it.
+PACKAGE = __package__ or "tools"
 MiB = 1024 * 1024
 KiB = 1024
 API_KEY = "attack-key-0123456789abcdef"
@@ -530,7 +532,7 @@ class Probe:
         self.result: dict[str, Any] = {}
 
     async def start(self) -> None:
-        args = [sys.executable, "-m", "tools.attack", "--probe", self.server.address]
+        args = [sys.executable, "-m", f"{PACKAGE}.attack", "--probe", self.server.address]
         args += ["--probe-queue", self.queue]
         if self.server.cert_path is not None:
             args += ["--probe-ca", self.server.cert_path]
@@ -1447,7 +1449,7 @@ async def attack_prehello_reopen(ctx: Context) -> None:
     await asyncio.sleep(min(1.0, duration / 4))
     # The real client is a process of its own: this one's event loop is busy reopening.
     client = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tools.attack", "--connect-attempts", ctx.address,
+        sys.executable, "-m", f"{PACKAGE}.attack", "--connect-attempts", ctx.address,
         "--attempts-for", str(max(1.0, end - time.monotonic() - 1)),
         stdout=asyncio.subprocess.PIPE, cwd=_project_root(),
     )  # fmt: skip
@@ -1562,7 +1564,14 @@ async def attack_nan_custom(ctx: Context) -> None:
 
 async def after_nan_custom(ctx: Context) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "tools.sepp_log", "verify", ctx.server.data_dir, "--no-progress"],
+        [
+            sys.executable,
+            "-m",
+            f"{PACKAGE}.sepp_log",
+            "verify",
+            ctx.server.data_dir,
+            "--no-progress",
+        ],
         capture_output=True,
         text=True,
         cwd=_project_root(),
