@@ -46,6 +46,7 @@ from sepp.core.state import (
     QueueState,
     ReadyEntry,
     State,
+    is_sparse,
     push_ready,
     ready_level_for_push,
 )
@@ -180,6 +181,8 @@ def _apply_acked(state: State, ev: JobAcked) -> None:
     job.status = DELETED
     if q.in_flight_count == 0:
         state.forget_if_empty(q)
+    if is_sparse(state.jobs):
+        state.jobs = dict(state.jobs)
 
 
 def _apply_nacked(state: State, ev: JobNacked) -> None:
@@ -257,6 +260,8 @@ def _apply_dead_lettered(state: State, ev: JobDeadLettered) -> None:
         job.status = DEAD
         state.prune_scheduled()
     del state.jobs[ev.job_id]
+    if is_sparse(state.jobs):
+        state.jobs = dict(state.jobs)
     job.due_ms = 0
     job.worker_id = None
     if ev.retained:
@@ -276,6 +281,10 @@ def _remove_dead(state: State, job_id: str, event: Any) -> None:
     q = state.queues[record.job.queue]
     del q.dead[job_id]
     record.job.status = DELETED
+    if is_sparse(state.dead):
+        state.dead = dict(state.dead)
+    if is_sparse(q.dead):
+        q.dead = dict(q.dead)
     state.forget_if_empty(q)
 
 
@@ -293,6 +302,8 @@ def _apply_dedup_expired(state: State, ev: DedupExpired) -> None:
     if record is None or record[1] != ev.expires_at:
         raise ApplyError(f"DedupExpired for {key} at {ev.expires_at}: record is {record!r}")
     del state.dedup[key]
+    if is_sparse(state.dedup):
+        state.dedup = dict(state.dedup)
     state.prune_dedup()
     q = state.queues[ev.queue]
     q.dedup_count -= 1
@@ -306,6 +317,10 @@ def _apply_dead_letter_requeued(state: State, ev: DeadLetterRequeued) -> None:
     job = record.job
     q = state.queues[job.queue]
     del q.dead[ev.job_id]
+    if is_sparse(state.dead):
+        state.dead = dict(state.dead)
+    if is_sparse(q.dead):
+        q.dead = dict(q.dead)
     job.attempt = 1
     job.enqueued_at = ev.enqueued_at
     # A requeued job joins the back of its band: a new arrival number.

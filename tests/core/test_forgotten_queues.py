@@ -9,6 +9,8 @@ there after every job was acked."""
 
 from __future__ import annotations
 
+import sys
+
 import msgpack
 
 from sepp.core import (
@@ -20,6 +22,7 @@ from sepp.core import (
     QueuePolicy,
     Reserve,
     State,
+    Sweep,
     apply_record,
     check_invariants,
     decide,
@@ -27,7 +30,7 @@ from sepp.core import (
 from sepp.core.events import Event
 from sepp.core.results import EnqueueResult, ReserveResult
 from sepp.core.snapshot import StateBuilder, export_dead, export_dedup, export_jobs, export_meta
-from sepp.core.state import STRINGS_INTERNED_MAX
+from sepp.core.state import COMPACT_SLACK_BYTES, STRINGS_INTERNED_MAX
 from tests.core.helpers import NOW, Harness, make_job, ordered_ids
 
 Records = list[tuple[int, tuple[Event, ...]]]
@@ -237,3 +240,31 @@ def test_jobs_keep_their_strings_when_the_intern_table_starts_over() -> None:
     assert sorted(state.queues) == ["q0", "q1", "q2"]
     assert _replay(CoreConfig(), records).canonical() == state.canonical()
     assert _snapshot(state, CoreConfig()).canonical() == state.canonical()
+
+
+def test_the_state_gives_back_the_tables_of_its_emptied_dicts() -> None:
+    # A dict keeps its table when entries are deleted: 10k acked jobs, their 10k
+    # queues and 10k expired idempotency keys left ~1.5 MiB of empty tables behind.
+    config = CoreConfig(defaults=QueuePolicy(dedup_window_ms=1_000))
+    state = State(config)
+    records: Records = []
+    count = 10_000
+    for i, job_id in enumerate(ordered_ids(count)):
+        job = make_job(queue=f"q{i}", job_id=job_id, idempotency_key=f"key-{i}")
+        _run(state, records, Enqueue(jobs=(job,)), NOW)
+    assert sys.getsizeof(state.jobs) > 128 * 1024
+    for i in range(count):
+        reserved = _run(state, records, Reserve(queues=(f"q{i}",), lease_ms=30_000), NOW)
+        assert isinstance(reserved, ReserveResult)
+        (view,) = reserved.jobs
+        _run(state, records, Ack(job_id=view.job_id, attempt=view.attempt), NOW)
+    assert len(state.queues) == count  # each still holds its key
+    for _ in range(count // CoreConfig().sweep_limit + 1):
+        _run(state, records, Sweep(), NOW + 1_000)
+
+    check_invariants(state)
+    assert not state.jobs and not state.dedup and not state.queues
+    for name in ("jobs", "queues", "dedup", "dead"):
+        # Within the slack a dict may keep (COMPACT_SLACK_BYTES), not 10k entries' worth.
+        assert sys.getsizeof(getattr(state, name)) <= COMPACT_SLACK_BYTES, name
+    assert _replay(config, records).canonical() == state.canonical()
