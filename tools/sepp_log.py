@@ -38,7 +38,7 @@ from sepp.storage.engine import LOCK_FILE
 from sepp.storage.fs import DataDirLocked
 
 from .audit import audit_jobs, emit_histories, emit_transitions, queue_transitions
-from .datadir import ERROR, Problem, open_data_dir
+from .datadir import ERROR, DataDir, Problem, open_data_dir
 from .dump import DumpFilter, EventLine, dump
 from .events import parse_types
 from .output import (
@@ -260,13 +260,9 @@ def _set_aside_history(args: argparse.Namespace) -> int:
                 "recovery still refuses -- see --truncate-at)",
             )
         )
-    lock = -1
-    if not args.dry_run and plan.changes_anything:
-        try:
-            lock = lock_data_dir(data_dir)
-        except DataDirLocked as exc:
-            errors(Problem(ERROR, "locked", LOCK_FILE, 0, None, f"{exc}: stop it first"))
-            return EXIT_PROBLEMS
+    lock = _lock_for_change(args, plan.changes_anything, data_dir, errors)
+    if lock is None:
+        return EXIT_PROBLEMS
     backup = args.backup_dir or default_backup_dir(data_dir)
     steps = plan.describe()
     out.emit(
@@ -297,6 +293,24 @@ def _set_aside_history(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if plan.other else EXIT_OK
 
 
+def _lock_for_change(
+    args: argparse.Namespace,
+    changes_anything: bool,
+    data_dir: DataDir,
+    errors: Callable[[Problem], None],
+) -> int | None:
+    """The data directory's lock held while repair changes it (a running server
+    appends to the log being changed), -1 when nothing will change, None (the
+    problem reported) when a server holds it."""
+    if args.dry_run or not changes_anything:
+        return -1
+    try:
+        return lock_data_dir(data_dir)
+    except DataDirLocked as exc:
+        errors(Problem(ERROR, "locked", LOCK_FILE, 0, None, f"{exc}: stop it first"))
+        return None
+
+
 def _repair(args: argparse.Namespace) -> int:
     if args.set_aside_history:
         return _set_aside_history(args)
@@ -308,13 +322,9 @@ def _repair(args: argparse.Namespace) -> int:
         errors(plan.refusal)
         return EXIT_PROBLEMS
     # A running server appends to the log being cut: hold its lock while changing it.
-    lock = -1
-    if not args.dry_run and plan.changes_anything:
-        try:
-            lock = lock_data_dir(data_dir)
-        except DataDirLocked as exc:
-            errors(Problem(ERROR, "locked", LOCK_FILE, 0, None, f"{exc}: stop it first"))
-            return EXIT_PROBLEMS
+    lock = _lock_for_change(args, plan.changes_anything, data_dir, errors)
+    if lock is None:
+        return EXIT_PROBLEMS
     backup = args.backup_dir or default_backup_dir(data_dir)
     steps = plan.describe()
     header = (

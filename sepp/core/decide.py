@@ -731,13 +731,19 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
 # Ack, nack, extend
 
 
-def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
+def _lease_holder(state: State, cmd: Ack | Release) -> Job | CommandError:
+    """The job an ack or a release names, if the command holds its current lease
+    (fenced: a stale attempt is refused) and its worker id is within limits."""
     fields: tuple[object, ...] = cmd
     job_id, attempt, worker_id = fields
     problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
-    job = _fence(state, job_id, attempt)
+    return _fence(state, job_id, attempt)
+
+
+def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
+    job = _lease_holder(state, cmd)
     if isinstance(job, CommandError):
         return job
     event = _new_tuple(JobAcked, (job.job_id, job.attempt, cmd.worker_id))
@@ -750,12 +756,7 @@ def _decide_release(state: State, cmd: Release, now: int) -> Decision | CommandE
     The job keeps its attempt number and its place in the ready order: the
     attempt is not counted against max_attempts, and the next delivery carries
     the same number."""
-    fields: tuple[object, ...] = cmd
-    job_id, attempt, worker_id = fields
-    problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
-    if problem is not None:
-        return InvalidArgument(problem)
-    job = _fence(state, job_id, attempt)
+    job = _lease_holder(state, cmd)
     if isinstance(job, CommandError):
         return job
     event = _new_tuple(JobReleased, (job.job_id, job.attempt, cmd.worker_id))
