@@ -49,6 +49,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
+def in_process_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For a server run in process (tests/inprocess.py): run where there is no
+    ./sepp.toml (load_config reads it when present), and put back the process-wide
+    GC tuning SeppServer.start applies."""
+    import gc
+
+    monkeypatch.chdir(tmp_path)
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+@pytest.fixture
 def seed() -> int:
     return SEED
 

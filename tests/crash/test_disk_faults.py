@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import logging
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,42 +48,16 @@ from log_format import (
     scan_records,
 )
 from sepp.client import HealthStatus, SeppClient, ServerInternalError
-from sepp.server.config import ServerConfig, load_config
 from sepp.server.server import EXIT_STORAGE_FAILED, SeppServer
 from sepp.storage.faultfs import FaultyFileSystem
 from tests.conftest import ServerProcess
 from tests.crash.helpers import Ledger, assert_survived, drain, run, serve_once
+from tests.inprocess import address_of, in_process_config
 
-DATA_DIR = "/sepp-data"
 QUEUE = "disk"
 
 
-@pytest.fixture(autouse=True)
-def _restore_gc() -> Iterator[None]:
-    """SeppServer.start tunes the process-wide garbage collector; put it back."""
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-
-
-@pytest.fixture(autouse=True)
-def _no_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # load_config reads ./sepp.toml when present
-
-
-def make_config(**env: str) -> ServerConfig:
-    environment = {f"SEPP_{name.upper()}": value for name, value in env.items()}
-    return load_config(
-        None,
-        env=environment,
-        overrides={("server", "data_dir"): DATA_DIR, ("server", "listen_addr"): "127.0.0.1:0"},
-    )
-
-
-def _address(server: SeppServer) -> str:
-    assert server.address is not None
-    return f"{server.address[0]}:{server.address[1]}"
+pytestmark = pytest.mark.usefixtures("in_process_env")
 
 
 # ---------------------------------------------------------------- through the seam
@@ -106,7 +79,7 @@ SEAM_FAULTS = [
 async def _until_storage_fails(
     fs: FaultyFileSystem, op: str, err: int, mode: str, ledger: Ledger
 ) -> tuple[int, HealthStatus]:
-    config = make_config(storage__persist_mode=mode, storage__segment_bytes_max="4096")
+    config = in_process_config(storage__persist_mode=mode, storage__segment_bytes_max="4096")
     server = SeppServer(config, fs=fs)
     await server.start()
     # Hold the fail-stop shutdown at its first step (stopping the commit pipeline),
@@ -123,7 +96,7 @@ async def _until_storage_fails(
         await stop_pipeline()
 
     pipeline.stop = held_stop  # type: ignore[method-assign]
-    client = SeppClient(_address(server))
+    client = SeppClient(address_of(server))
     try:
         for batch in range(10):
             assert await ledger.enqueue(client, QUEUE, [f"before-{batch}-{i}" for i in range(5)])
@@ -162,10 +135,10 @@ async def _until_storage_fails(
 
 
 async def _restart_and_drain(fs: FaultyFileSystem) -> dict[str, tuple[str, int]]:
-    server = SeppServer(make_config(storage__segment_bytes_max="4096"), fs=fs)
+    server = SeppServer(in_process_config(storage__segment_bytes_max="4096"), fs=fs)
     await server.start()
     try:
-        client = SeppClient(_address(server))
+        client = SeppClient(address_of(server))
         try:
             return await drain(client, [QUEUE])
         finally:

@@ -8,21 +8,17 @@ point (in process, on a file system in memory)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import logging
 import socket
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import encode_frame
 from sepp.server import admission
-from sepp.server.config import ServerConfig, load_config
-from sepp.server.server import SeppServer
-from sepp.storage.faultfs import FaultyFileSystem
+from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import RawClient, connect, job, payload, wait_until
 
 resource = pytest.importorskip("resource")
@@ -223,45 +219,8 @@ def test_the_server_raises_its_soft_descriptor_limit_at_startup(
 # -- in process: the descriptor reserve, the rate-limited hello warning --------------------------
 
 
-@pytest.fixture
-def _in_process(tmp_path, monkeypatch) -> Iterator[None]:
-    """Run where there is no ./sepp.toml; put back the process-wide GC tuning
-    SeppServer.start applies."""
-    monkeypatch.chdir(tmp_path)
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-
-
-def in_process_config(**env: str) -> ServerConfig:
-    environment = {f"SEPP_{name.upper()}": value for name, value in env.items()}
-    return load_config(
-        None,
-        env=environment,
-        overrides={("server", "data_dir"): "/sepp-data", ("server", "listen_addr"): "127.0.0.1:0"},
-    )
-
-
-@contextlib.asynccontextmanager
-async def in_process(config: ServerConfig) -> AsyncIterator[SeppServer]:
-    server = SeppServer(config, fs=FaultyFileSystem())
-    await server.start()
-    try:
-        yield server
-    finally:
-        if not server.stopping:
-            await server.shutdown()
-        await asyncio.wait_for(server.wait_stopped(), 30)
-
-
-def address_of(server: SeppServer) -> str:
-    assert server.address is not None
-    return f"{server.address[0]}:{server.address[1]}"
-
-
 async def test_a_connection_that_would_eat_into_the_descriptor_reserve_is_refused(
-    _in_process, monkeypatch, caplog
+    in_process_env, monkeypatch, caplog
 ):
     # A small configured limit: room for exactly two connections beside what is
     # open and the reserve (the real limit is not touched).
@@ -294,7 +253,7 @@ async def test_a_connection_that_would_eat_into_the_descriptor_reserve_is_refuse
             assert await second.ok("health") == {"status": "serving"}
 
 
-async def test_failed_hellos_log_one_warning_per_interval(_in_process, caplog):
+async def test_failed_hellos_log_one_warning_per_interval(in_process_env, caplog):
     config = in_process_config(auth__api_keys='["right"]')
     with caplog.at_level(logging.WARNING, logger="sepp.server"):
         async with in_process(config) as server:
@@ -329,7 +288,7 @@ async def connected_at_once(address: str, count: int) -> list[RawClient]:
     return clients
 
 
-async def test_each_newcomer_closes_a_different_connection_without_hello(_in_process):
+async def test_each_newcomer_closes_a_different_connection_without_hello(in_process_env):
     # All accepted in one turn: a connection closed to make room is reported
     # lost only later, and must not be picked to make room a second time.
     config = in_process_config(server__max_unauthenticated_connections="2")

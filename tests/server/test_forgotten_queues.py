@@ -5,63 +5,36 @@ once took the server from 31 to 973 MiB for good)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import gc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
-from sepp.server.config import ServerConfig, load_config
-from sepp.server.server import SeppServer
+from sepp.server.config import ServerConfig
 from sepp.storage.faultfs import FaultyFileSystem
+from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import RawClient, job
 
-DATA_DIR = "/sepp-data"
 CHURNED = 300
 
 
-@pytest.fixture(autouse=True)
-def _restore_gc() -> Iterator[None]:
-    """SeppServer.start tunes the process-wide garbage collector; put it back."""
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-
-
-@pytest.fixture(autouse=True)
-def _no_config_file(tmp_path, monkeypatch) -> None:
-    # load_config reads ./sepp.toml when present: run where there is none.
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_process_env")
 
 
 def make_config() -> ServerConfig:
-    config = load_config(
-        None,
-        env={},
-        overrides={("server", "data_dir"): DATA_DIR, ("server", "listen_addr"): "127.0.0.1:0"},
-    )
-    return dataclasses.replace(config, queues=[{"name": "declared"}])
+    return dataclasses.replace(in_process_config(), queues=[{"name": "declared"}])
 
 
 @contextlib.asynccontextmanager
 async def running(config: ServerConfig, fs: FaultyFileSystem) -> AsyncIterator[RawClient]:
-    server = SeppServer(config, fs=fs)
-    await server.start()
-    try:
-        assert server.address is not None
-        client = await RawClient.connect(f"{server.address[0]}:{server.address[1]}")
+    async with in_process(config, fs) as server:
+        client = await RawClient.connect(address_of(server))
         await client.hello()
         try:
             yield client
         finally:
             await client.close()
-    finally:
-        if not server.stopping:
-            await server.shutdown()
-        await asyncio.wait_for(server.wait_stopped(), 30)
 
 
 async def listed_queues(client: RawClient) -> list[str]:

@@ -7,65 +7,21 @@ inside a sync, and how one connection cuts a read into frames.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import gc
 import struct
 import threading
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FRAME_BYTES_CEILING, FrameReader, encode_frame
-from sepp.server.config import ServerConfig, load_config
 from sepp.server.server import EXIT_STORAGE_FAILED, ClientConnection, SeppServer
 from sepp.storage.faultfs import FaultyFileSystem
+from tests.inprocess import DATA_DIR, address_of, in_process, in_process_config
 from tests.server.conftest import RawClient, connect, job
 
-DATA_DIR = "/sepp-data"
-
-
-@pytest.fixture(autouse=True)
-def _restore_gc() -> Iterator[None]:
-    """SeppServer.start tunes the process-wide garbage collector; put it back."""
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-
-
-@pytest.fixture(autouse=True)
-def _no_config_file(tmp_path, monkeypatch) -> None:
-    # load_config reads ./sepp.toml when present: run where there is none.
-    monkeypatch.chdir(tmp_path)
-
-
-def make_config(**env: str) -> ServerConfig:
-    environment = {f"SEPP_{name.upper()}": value for name, value in env.items()}
-    return load_config(
-        None,
-        env=environment,
-        overrides={("server", "data_dir"): DATA_DIR, ("server", "listen_addr"): "127.0.0.1:0"},
-    )
-
-
-@contextlib.asynccontextmanager
-async def running(config: ServerConfig, fs: FaultyFileSystem) -> AsyncIterator[SeppServer]:
-    server = SeppServer(config, fs=fs)
-    await server.start()
-    try:
-        yield server
-    finally:
-        if not server.stopping:
-            await server.shutdown()
-        await asyncio.wait_for(server.wait_stopped(), 30)
-
-
-def address(server: SeppServer) -> str:
-    assert server.address is not None
-    return f"{server.address[0]}:{server.address[1]}"
+pytestmark = pytest.mark.usefixtures("in_process_env")
 
 
 # -- storage failure --------------------------------------------------------------------
@@ -76,9 +32,9 @@ def address(server: SeppServer) -> str:
 )
 async def test_a_failed_sync_answers_pending_requests_internal_and_exits_3(persist_mode, sync_op):
     fs = FaultyFileSystem()
-    config = make_config(storage__persist_mode=persist_mode)
-    async with running(config, fs) as server:
-        client = await connect(address(server))
+    config = in_process_config(storage__persist_mode=persist_mode)
+    async with in_process(config, fs) as server:
+        client = await connect(address_of(server))
         acknowledged = await client.enqueue_ids(job("q"), job("q", priority=5))
         (leased,) = await client.reserve(["q"])
         assert leased["id"] == acknowledged[1]
@@ -105,8 +61,8 @@ async def test_a_failed_sync_answers_pending_requests_internal_and_exits_3(persi
     # Restart on the same disk after a crash (unsynced bytes are lost), fault cleared.
     fs.clear_faults()
     fs.crash()
-    async with running(make_config(storage__persist_mode=persist_mode), fs) as server:
-        client = await connect(address(server))
+    async with in_process(in_process_config(storage__persist_mode=persist_mode), fs) as server:
+        client = await connect(address_of(server))
         stats = await client.stats("q")
         assert stats["in_flight"] == 1  # the lease was acknowledged, the ack was not
         delivered = await client.reserve(["q"], max_jobs=100)
@@ -118,8 +74,8 @@ async def test_a_failed_sync_answers_pending_requests_internal_and_exits_3(persi
 
 async def test_requests_after_a_storage_failure_are_refused_not_applied():
     fs = FaultyFileSystem()
-    async with running(make_config(storage__persist_mode="sync_data"), fs) as server:
-        client = await connect(address(server))
+    async with in_process(in_process_config(storage__persist_mode="sync_data"), fs) as server:
+        client = await connect(address_of(server))
         (kept,) = await client.enqueue_ids(job("q", "kept"))
         fs.fail("fdatasync", errno.EIO, times=-1)
         doomed = client.send("enqueue", {"jobs": [job("q", "doomed")]})
@@ -134,8 +90,8 @@ async def test_requests_after_a_storage_failure_are_refused_not_applied():
         client.assert_clean()
     fs.clear_faults()
     fs.crash()
-    async with running(make_config(storage__persist_mode="sync_data"), fs) as server:
-        client = await connect(address(server))
+    async with in_process(in_process_config(storage__persist_mode="sync_data"), fs) as server:
+        client = await connect(address_of(server))
         delivered = await client.reserve(["q"], max_jobs=10)
         # Every job on the queue, not only the first: the acknowledged one is there
         # once, the refused one never; the one whose outcome was unknown may be.
@@ -166,11 +122,13 @@ async def test_a_full_commit_backlog_refuses_commands_with_overloaded_then_answe
     fs = FaultyFileSystem()
     held = HeldSync()
     fs.hook = held
-    config = make_config(storage__persist_mode="sync_data", storage__command_queue_capacity="4")
-    async with running(config, fs) as server:
+    config = in_process_config(
+        storage__persist_mode="sync_data", storage__command_queue_capacity="4"
+    )
+    async with in_process(config, fs) as server:
         try:
-            client = await connect(address(server))
-            other = await connect(address(server))
+            client = await connect(address_of(server))
+            other = await connect(address_of(server))
             held.armed = True
             first = client.send("enqueue", {"jobs": [job("q", "first")]})
             await asyncio.to_thread(held.entered.wait, 30)
@@ -245,7 +203,7 @@ class FakeTransport(asyncio.Transport):
 
 
 def fresh_connection() -> tuple[ClientConnection, FakeTransport]:
-    server = SeppServer(make_config())
+    server = SeppServer(in_process_config())
     conn = ClientConnection(server)
     transport = FakeTransport()
     conn.connection_made(transport)
@@ -297,8 +255,8 @@ async def test_a_client_that_stops_reading_stops_being_read():
 async def test_the_raw_client_and_a_real_in_process_server_agree_on_hello():
     """A smoke test of the in-process setup itself, on a fake file system."""
     fs = FaultyFileSystem()
-    async with running(make_config(), fs) as server:
-        client = await RawClient.connect(address(server))
+    async with in_process(in_process_config(), fs) as server:
+        client = await RawClient.connect(address_of(server))
         hello = await client.hello()
         assert hello["protocol"] == 1
         assert fs.exists(DATA_DIR)
@@ -342,9 +300,9 @@ async def test_the_sweep_timer_is_armed_for_the_next_lease_expiry_not_the_interv
     follows the next deadline (issue: redelivery within 100 ms of expiry). The
     timer's target is checked exactly; no wall-clock bound is asserted."""
     fs = FaultyFileSystem()
-    config = make_config(storage__sweep_interval_ms="60000")
-    async with running(config, fs) as server:
-        client = await connect(address(server))
+    config = in_process_config(storage__sweep_interval_ms="60000")
+    async with in_process(config, fs) as server:
+        client = await connect(address_of(server))
         (job_id,) = await client.enqueue_ids(job("q"))
         (first,) = await client.reserve(["q"], lease_ms=300)
         assert server._sweep_target == first["lease_expires_at_ms"]

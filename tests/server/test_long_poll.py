@@ -6,18 +6,15 @@ the release of attempts delivered to nobody."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from sepp.server.config import ServerConfig, load_config
 from sepp.server.server import SeppServer
 from sepp.storage.faultfs import FaultyFileSystem
+from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import (
     LEASE_MS,
     RawClient,
@@ -403,43 +400,6 @@ async def test_a_release_survives_a_crash_and_replays_to_the_same_state(
 # -- in process: what only the server's own state can show ----------------------------------
 
 
-@pytest.fixture
-def _in_process(tmp_path, monkeypatch) -> Iterator[None]:
-    """Run where there is no ./sepp.toml; put back the process-wide GC tuning
-    SeppServer.start applies."""
-    monkeypatch.chdir(tmp_path)
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-
-
-def in_process_config(**env: str) -> ServerConfig:
-    environment = {f"SEPP_{name.upper()}": value for name, value in env.items()}
-    return load_config(
-        None,
-        env=environment,
-        overrides={("server", "data_dir"): "/sepp-data", ("server", "listen_addr"): "127.0.0.1:0"},
-    )
-
-
-@contextlib.asynccontextmanager
-async def in_process(config: ServerConfig, fs: FaultyFileSystem) -> AsyncIterator[SeppServer]:
-    server = SeppServer(config, fs=fs)
-    await server.start()
-    try:
-        yield server
-    finally:
-        if not server.stopping:
-            await server.shutdown()
-        await asyncio.wait_for(server.wait_stopped(), 30)
-
-
-def address_of(server: SeppServer) -> str:
-    assert server.address is not None
-    return f"{server.address[0]}:{server.address[1]}"
-
-
 def reset_on_close(client: RawClient) -> None:
     """Make the next close send a TCP reset, as a killed peer's kernel may: the
     server then sees the connection lost, not a half-close."""
@@ -452,7 +412,7 @@ def parked_count(server: SeppServer) -> int:
 
 
 async def test_a_client_that_exits_with_a_parked_reserve_never_receives_the_next_job(
-    _in_process, queue_names
+    in_process_env, queue_names
 ):
     fs = FaultyFileSystem()
     async with in_process(in_process_config(), fs) as server:
@@ -490,7 +450,7 @@ class HeldSync:
 
 @pytest.mark.parametrize("parked", [False, True], ids=["immediate", "woken-from-park"])
 async def test_jobs_whose_reserve_answer_cannot_be_written_are_ready_again_at_once(
-    _in_process, queue_names, parked
+    in_process_env, queue_names, parked
 ):
     fs = FaultyFileSystem()
     held = HeldSync()
