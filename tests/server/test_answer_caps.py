@@ -23,15 +23,9 @@ from sepp.core.events import CAUSE_NAMES
 from sepp.core.state import DeadLetter, Job
 from sepp.server.wire import dead_letter_body, job_view_body
 from sepp.storage.faultfs import FaultyFileSystem
+from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import RawClient, connect, job, payload, wait_until
-from tests.server.test_long_poll import (  # the in-process server and a held sync
-    HeldSync,
-    _in_process,  # noqa: F401 - a fixture
-    address_of,
-    in_process,
-    in_process_config,
-    reset_on_close,
-)
+from tests.server.test_long_poll import HeldSync, reset_on_close
 
 FRAME = 16_384
 SMALL_FRAMES = {
@@ -271,7 +265,7 @@ def test_the_core_bound_on_a_job_or_record_in_an_answer_is_never_below_its_encod
         assert encoded <= dead_letter_answer_bytes(record), encoded
 
 
-@pytest.mark.usefixtures("_in_process")
+@pytest.mark.usefixtures("in_process_env")
 async def test_a_drain_answer_that_cannot_be_written_leaves_its_records_in_the_log(
     queue_names, caplog
 ):
