@@ -41,6 +41,22 @@ QUEUE_NAME_BYTES_CEILING = 65535
 SNAPSHOT_ROW_BYTES_MAX = 64 * 1024 * 1024 - 5
 JOB_ROW_OVERHEAD_BYTES = 1024
 
+# Bounds on the msgpack size of what an answer carries (PROTOCOL.md 5.2, 5.6;
+# decide.job_answer_bytes). The fixed part of a delivered job: its 12 keys and map
+# headers, the id, six integers at 9 bytes each, and a 5-byte header for each string
+# and the payload (296 bytes; tests/server/test_answer_caps.py checks the bound
+# against the real encoding).
+JOB_ANSWER_FIXED_BYTES = 320
+# A custom entry beyond its key's and string value's own bytes: two 5-byte
+# headers, or a key header and a 9-byte number.
+CUSTOM_ENTRY_FIXED_BYTES = 14
+# A drained record beyond its job and its last reason: 5 keys, the cause, two
+# integers and a header for the reason (92 bytes).
+DEAD_LETTER_ANSWER_FIXED_BYTES = 128
+# Room a reserve or drain answer keeps for its envelope: [request_id, "ok",
+# {"jobs" | "records": [...], "too_large": [...]}] headers (42 bytes at most).
+ANSWER_ENVELOPE_BYTES_MAX = 128
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:

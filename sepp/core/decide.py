@@ -38,7 +38,15 @@ from sepp.core.commands import (
     Reserve,
     Sweep,
 )
-from sepp.core.config import RETRY_BACKOFF_EXPONENTIAL, QueuePolicy
+from sepp.core.config import (
+    ANSWER_ENVELOPE_BYTES_MAX,
+    CUSTOM_ENTRY_FIXED_BYTES,
+    DEAD_LETTER_ANSWER_FIXED_BYTES,
+    JOB_ANSWER_FIXED_BYTES,
+    RETRY_BACKOFF_EXPONENTIAL,
+    Limits,
+    QueuePolicy,
+)
 from sepp.core.events import (
     CAUSE_ADMIN,
     CAUSE_ATTEMPTS_EXHAUSTED,
@@ -113,17 +121,9 @@ _UUID_MATCH = _UUID_RE.fullmatch
 
 
 # Bounds on the msgpack size of what an answer carries (PROTOCOL.md 5.2, 5.6), so a
-# reserve or drain answer is kept within one frame without encoding it first. The
-# fixed part of a delivered job: its 12 keys and map headers, the id, six integers
-# at 9 bytes each, and a 5-byte header for each string and the payload (296 bytes;
-# tests/server/test_answer_caps.py checks the bound against the real encoding).
-JOB_ANSWER_FIXED_BYTES = 320
-# A custom entry beyond its key's and string value's own bytes: two 5-byte
-# headers, or a key header and a 9-byte number.
-CUSTOM_ENTRY_FIXED_BYTES = 14
-# A drained record beyond its job and its last reason: 5 keys, the cause, two
-# integers and a header for the reason (92 bytes).
-DEAD_LETTER_ANSWER_FIXED_BYTES = 128
+# reserve or drain answer is kept within one frame without encoding it first: the
+# constants live in sepp.core.config, whose check that every acceptable job fits
+# one answer uses them too.
 # A drain lists at most this many records too large for any answer (left in the
 # store), each at most this many bytes ({"job_id": ..., "bytes": ...}).
 DRAIN_TOO_LARGE_LISTED_MAX = 16
@@ -396,9 +396,49 @@ def validate_new_job(state: State, job: NewJob, now: int) -> Rejection | None:
         rejection = _custom_rejection(custom, policy)
         if rejection is not None:
             return rejection
+    if isinstance(data, bytes):
+        rejection = _undeliverable_payload(limits, policy, job, queue_bytes, type_bytes)
+        if rejection is not None:
+            return rejection
     if scheduled_at is not None and scheduled_at > now + policy.max_schedule_horizon_ms:
         return ScheduledTooFar(policy.max_schedule_horizon_ms, scheduled_at)
     return None
+
+
+def _undeliverable_payload(
+    limits: Limits, policy: QueuePolicy, job: NewJob, queue_bytes: int, type_bytes: int
+) -> PayloadTooLarge | None:
+    """Refuse a payload so close to the frame limit that the job, delivered with
+    the fields the server adds (id, attempt, times), would not fit one reserve
+    answer: no client could accept that answer, and the job would burn its
+    attempts unseen. Called after the other fields were checked; the exact bound
+    is only worked out when the generous one (every field at its limit) fails."""
+    data = cast(bytes, job.payload_data)
+    room = limits.max_message_bytes - ANSWER_ENVELOPE_BYTES_MAX - JOB_ANSWER_FIXED_BYTES
+    generous = (
+        limits.max_queue_name_bytes
+        + limits.max_job_type_bytes
+        + limits.max_encoding_bytes
+        + limits.max_trace_context_bytes
+        + policy.max_custom_total_bytes
+        + CUSTOM_ENTRY_FIXED_BYTES * policy.max_custom_entries
+    )
+    if len(data) + generous <= room:
+        return None
+    others = queue_bytes + type_bytes + _utf8_len(cast(str, job.payload_encoding))
+    if job.traceparent is not None:
+        others += _utf8_len(job.traceparent)
+    if job.tracestate is not None:
+        others += _utf8_len(job.tracestate)
+    custom = job.custom
+    if custom:
+        for key, value in custom.items():
+            others += CUSTOM_ENTRY_FIXED_BYTES + _utf8_len(key)
+            if isinstance(value, str):
+                others += _utf8_len(value)
+    if len(data) + others <= room:
+        return None
+    return PayloadTooLarge(max(room - others, 0), len(data))
 
 
 def _new_job_event(state: State, job: NewJob, job_id: str, now: int) -> JobEnqueued:

@@ -53,6 +53,7 @@ from sepp.core.commands import (
     Reserve,
     Sweep,
 )
+from sepp.core.config import ANSWER_ENVELOPE_BYTES_MAX
 from sepp.core.decide import Decision
 from sepp.core.results import (
     AckResult,
@@ -93,11 +94,10 @@ _new_tuple = tuple.__new__
 WRITE_BUFFER_HIGH = 1024 * 1024
 WRITE_BUFFER_LOW = 256 * 1024
 
-# Room kept in a reserve or drain answer for its envelope: [request_id, "ok",
-# {"jobs" | "records": [...], "too_large": [...]}] headers (42 bytes at most). The
-# core counts every byte of every job and record against the rest
-# (decide.job_answer_bytes), so an answer always fits one frame.
-ANSWER_ENVELOPE_BYTES_MAX = 128
+# Room kept in a reserve or drain answer for its envelope is
+# config.ANSWER_ENVELOPE_BYTES_MAX; the core counts every byte of every job and
+# record against the rest (decide.job_answer_bytes), so an answer always fits one
+# frame, and the config refuses limits under which one job alone would not.
 
 # Releasing the jobs of an unwritable reserve answer while the commit backlog is
 # full: try again every RELEASE_RETRY_S, at most RELEASE_TRIES_MAX times (~1 s),

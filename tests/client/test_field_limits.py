@@ -74,7 +74,7 @@ async def test_a_drain_warns_of_records_too_large_for_any_answer(
         }
     )
     client = await SeppClient.connect(server.address)
-    payload = Payload(b"x" * (frame - 400), "application/octet-stream")
+    payload = Payload(b"x" * (frame - 600), "application/octet-stream")
     await client.enqueue(EnqueueRequest("q", "t", payload=payload))
     [job] = await client.reserve(ReserveOptions(["q"], LEASE, wait_timeout=timedelta(0))) or []
     await client.nack(job.ctx, RetryDirective.DEAD_LETTER, "r" * 4000)

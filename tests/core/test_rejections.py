@@ -77,6 +77,12 @@ SHORT_FIELDS = CoreConfig(
 NEAR_HORIZON = CoreConfig().with_queue("q", max_schedule_horizon_ms=1_000)
 ENDLESS_HORIZON = CoreConfig().with_queue("q", max_schedule_horizon_ms=2**62)
 ACCEPT = None  # expected outcome of a row whose job must be accepted
+# A 4 KiB frame: a delivered job takes 320 fixed bytes (id, attempt, times, keys)
+# and its answer's envelope 128 more, so a job of queue "q", type "work" and
+# encoding "e" fits with a payload of 4096 - 448 - 6 = 3642 bytes at most.
+SMALL_FRAME = CoreConfig(
+    limits=Limits(max_message_bytes=4096), defaults=QueuePolicy(max_payload_bytes=4096)
+)
 
 
 def enqueue_one(config: CoreConfig, fields: dict[str, Any], now: int = NOW) -> tuple[Harness, Any]:
@@ -118,6 +124,9 @@ REJECTION_ROWS = [
     pytest.param(SMALL_PAYLOAD.with_queue("big", max_payload_bytes=100), {"payload_data": b"x" * 11, "payload_encoding": "e"}, PayloadTooLarge(10, 11), id="other queues keep the global limit"),
     pytest.param(CoreConfig().with_queue("q", max_payload_bytes=5), {"payload_data": b"x" * 6, "payload_encoding": "e"}, PayloadTooLarge(5, 6), id="a per-queue override lowers the limit"),
     pytest.param(CoreConfig(), {"payload_data": b"x" * 1_048_577, "payload_encoding": "e"}, PayloadTooLarge(1_048_576, 1_048_577), id="the default payload limit is 1 MiB"),
+    pytest.param(SMALL_FRAME, {"payload_data": b"x" * 3642, "payload_encoding": "e"}, ACCEPT, id="the largest payload whose delivery fits one answer"),
+    pytest.param(SMALL_FRAME, {"payload_data": b"x" * 3643, "payload_encoding": "e"}, PayloadTooLarge(3642, 3643), id="a payload whose delivery would not fit one answer"),
+    pytest.param(SMALL_FRAME, {"payload_data": b"x" * 3642, "payload_encoding": "e", "custom": {"k": "v"}}, PayloadTooLarge(3626, 3642), id="a custom map takes room from the payload that fits"),
     # EncodingNotAllowed
     pytest.param(CoreConfig(), {"payload_data": b"x", "payload_encoding": "x-anything"}, ACCEPT, id="unset allowed_encodings accepts any encoding"),
     pytest.param(NO_ENCODINGS, {"payload_data": b"x", "payload_encoding": "json"}, EncodingNotAllowed("json", ()), id="an empty allow-list rejects every payload"),

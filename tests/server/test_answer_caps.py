@@ -120,7 +120,7 @@ async def test_a_dead_letter_too_large_for_any_answer_is_listed_and_never_delete
     # A job as large as a request may be, then a long last reason: no answer
     # within the frame can carry this record.
     [big] = await dead_letters(
-        client, q, [job(q, payload=payload(b"x" * (FRAME - 300)))], reason="r" * 4000
+        client, q, [job(q, payload=payload(b"x" * (FRAME - 600)))], reason="r" * 4000
     )
     [small] = await dead_letters(client, q, [job(q)])
 
@@ -132,6 +132,36 @@ async def test_a_dead_letter_too_large_for_any_answer_is_listed_and_never_delete
         assert body["too_large"][0]["bytes"] > FRAME
         assert [r["job"]["id"] for r in body["records"]] == ([small] if _ == 0 else [])
     assert await dead_count(client, q) == 1
+    client.assert_clean()
+
+
+async def test_the_largest_payload_an_enqueue_accepts_is_delivered_within_one_frame(
+    server_factory, queue_names
+):
+    server = server_factory(env=SMALL_FRAMES)
+    q = next(queue_names)
+    client = await sized_connect(server.address)
+    custom = {"k": "v" * 300}
+    # A payload too close to the frame limit is refused, typed, naming what fits.
+    (refused,) = (
+        await client.enqueue(job(q, payload=payload(b"x" * (FRAME - 700)), custom=custom))
+    )["results"]
+    rejection = refused["rejection"]
+    assert rejection["reason"] == "payload_too_large"
+    largest = rejection["limit"]
+    # The largest accepted job is delivered in an answer within the frame.
+    (accepted,) = (await client.enqueue(job(q, payload=payload(b"x" * largest), custom=custom)))[
+        "results"
+    ]
+    assert "job_id" in accepted, accepted
+    (over,) = (await client.enqueue(job(q, payload=payload(b"x" * (largest + 1)), custom=custom)))[
+        "results"
+    ]
+    assert over["rejection"]["reason"] == "payload_too_large"
+    before = len(client.frame_sizes)
+    (delivered,) = await client.reserve([q])
+    assert delivered["id"] == accepted["job_id"]
+    assert max(client.frame_sizes[before:]) <= FRAME
     client.assert_clean()
 
 

@@ -121,8 +121,18 @@ async def test_a_frame_of_exactly_the_limit_is_accepted(server_factory, bystande
     client.send_raw(encode_frame(body))
     response = await client.response(request_id)
     assert response.status == "ok", response
+    # The frame is read and answered; its job is refused, typed, because with the
+    # fields the server adds on delivery (id, attempt, times) no reserve answer
+    # within the limit could carry it.
+    (result,) = response.body["results"]
+    rejection = result["rejection"]
+    assert (rejection["reason"], rejection["actual"]) == ("payload_too_large", size)
+    fitting = rejection["limit"]
+    assert 0 < fitting < size
+    (accepted,) = (await client.enqueue(job(q, payload=payload(b"y" * fitting))))["results"]
+    assert "job_id" in accepted, accepted
     (delivered,) = await client.reserve([q])
-    assert delivered["payload"]["data"] == b"x" * size
+    assert delivered["payload"]["data"] == b"y" * fitting
 
 
 async def test_a_truncated_frame_then_a_half_close_ends_the_connection(
