@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sepp.core.state import State
+from sepp.storage.recovery import is_segment_being_created
 
 from .datadir import ERROR, DataDir, Problem, SnapshotFile
 from .states import choose_base
@@ -53,7 +54,14 @@ class HistoryJudge:
 
     def __init__(self, data_dir: DataDir, base: RecoveryBase) -> None:
         self.base = base
-        segments = data_dir.segments
+        segments = list(data_dir.segments)
+        if segments:
+            # Recovery removes a last segment a crash left half-created (row 5):
+            # the segment before it is then the last one, whose damage is not
+            # history (it is where the log continues).
+            with open(segments[-1].path, "rb") as f:
+                if is_segment_being_created(f.read()):
+                    segments.pop()
         # rel -> the last seq the segment should hold, for every sealed segment
         # wholly below the snapshot (by the next segment's name).
         self._covered: dict[str, tuple[int, int]] = {}

@@ -29,7 +29,6 @@ Must not import: anything outside the standard library and `sepp.core`.
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from collections.abc import Iterator
 from heapq import heappop, heappush
@@ -62,7 +61,8 @@ def is_sparse(d: dict[Any, Any]) -> bool:
     """Whether `d` is due for a compacting copy (see COMPACT_CHECK_EVERY)."""
     n = len(d)
     return n % COMPACT_CHECK_EVERY == 0 and (
-        sys.getsizeof(d) > COMPACT_BYTES_PER_ENTRY * n + COMPACT_SLACK_BYTES
+        # __sizeof__: the table's bytes, without importing sys into the core.
+        d.__sizeof__() > COMPACT_BYTES_PER_ENTRY * n + COMPACT_SLACK_BYTES
     )
 
 

@@ -167,6 +167,13 @@ class Recovered:
     report: RecoveryReport
 
 
+def is_segment_being_created(data: bytes) -> bool:
+    """Whether a last segment's bytes are what a crash while creating it leaves
+    (row 5: recovery removes it). `sepp-log verify` asks the same question, so
+    both judge the segment before it alike."""
+    return _header(data) is None
+
+
 def _header(data: bytes) -> SegmentHeader | str | None:
     """The segment header, a reason it is bad, or None if it is torn (a prefix of
     a header or zeros: what a crash while creating the segment leaves)."""
@@ -271,7 +278,7 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     if seg_files:
         last_path = seg_files[-1][1]
         data = fs.read(last_path)
-        if _header(data) is None:
+        if is_segment_being_created(data):
             fs.remove(last_path)
             fs.fsync_dir(wal_dir)
             report.removed_files.append(last_path)

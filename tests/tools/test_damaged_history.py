@@ -14,7 +14,7 @@ import pytest
 
 from log_format import RECORD_HEADER_BYTES
 from sepp.storage import Engine
-from sepp.storage.recovery import DamagedHistory
+from sepp.storage.recovery import DamagedHistory, RecoveryError
 from tests.tools.helpers import CONFIG, flip_bit, locate, options, scripted_log
 from tests.tools.test_cli import run_main
 from tools.datadir import ERROR, open_data_dir
@@ -123,3 +123,20 @@ def test_repair_set_aside_history_from_the_command_line(
     assert run_main(["verify", data], capsys)[0] == 0
     code, out, _err = run_main(["repair", data, "--set-aside-history"], capsys)
     assert code == 0 and "none found; nothing to change" in out
+
+
+def test_a_half_created_last_segment_does_not_make_the_one_before_it_history(
+    tmp_path: Path,
+) -> None:
+    # A crash while creating segment 41 leaves an empty file; recovery removes it
+    # (row 5), so 25..40 is the last segment, where damage is not history even
+    # though the snapshot at 40 covers it. verify must judge it the same way.
+    live = scripted_log(tmp_path / "data", snapshot_at=(40,))
+    live.close()
+    (live.data_dir / f"wal/{41:020d}.log").write_bytes(b"")
+    path, record = locate(live.data_dir, 33)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 2)
+    errors = _errors(live.data_dir)
+    assert errors and all(kind != "damaged-history" for kind, _, _ in errors), errors
+    with pytest.raises(RecoveryError):
+        Engine.open(str(live.data_dir), CONFIG, options())
