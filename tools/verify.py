@@ -272,6 +272,8 @@ def verify(
     )
     log = _LogPass(report, state, base.seq, pending)
     judge: HistoryJudge | None = None
+    # The newest snapshot's seq, damaged or not: the log was durable up to it.
+    snap_seq = max((snap.last_seq for snap in data_dir.snapshots), default=0)
     with paused_gc():
         for item in walker.walk():
             if type(item) is Span:
@@ -288,6 +290,18 @@ def verify(
                     if judge.is_history(item):
                         item = judge.describe(item)
                         log.rebase(judge.base)
+                elif item.kind == "torn-tail" and item.seq is not None and item.seq <= snap_seq:
+                    # Recovery row 21: a snapshot is published only once the log
+                    # under it is synced, so no crash tore this record: damage.
+                    item = Problem(
+                        ERROR,
+                        "corruption",
+                        item.file,
+                        item.offset,
+                        item.seq,
+                        f"{item.reason.split(':')[0]} at seq {item.seq}, which the snapshot "
+                        f"at seq {snap_seq} says was durable: recovery refuses to start",
+                    )
                 report.add(item)
             elif type(item) is SegmentStart:
                 report.segments += 1

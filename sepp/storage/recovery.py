@@ -24,9 +24,9 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 16 | records missing between two segments, wholly below the snapshot recovery starts from | start and report it as damaged history (row 15) |
 | 17 | damage in a segment that also holds records after the snapshot recovery starts from, or in the **last** segment (the one appended to) | refuse to start (rows 6-9): those records are state |
 | 18 | newest snapshot damaged (row 11), the older one used, and log damage above the older snapshot (covered only by the damaged one) | refuse to start: the records are lost in both copies; the refusal names the damaged snapshot |
-
 | 19 | a record with a bad checksum in the **last** segment, above every snapshot, followed by valid records that all say it was never synced (version 2 envelopes whose `synced_seq` is below its seq): a hole that out-of-order writeback of the unsynced tail leaves at a power loss | truncate at the hole and report it (`unsynced_hole`): nothing from the hole on was acknowledged through a sync |
 | 20 | the same, but a valid record after the hole claims its seq synced, or claims nothing (a version 1 envelope), or the hole is at or below a snapshot (even a damaged one) | refuse to start (row 7): synced data is gone, or nothing shows it was not |
+| 21 | a torn record or zeros at the end of the **last** segment where a snapshot (even a damaged one) says the log was durable: its seq is at or below the snapshot's | refuse to start, naming the file and offset, and cut nothing: row 4's crash cannot tear a synced record, so this is damage |
 
 A refusal raises `RecoveryError` with the file, byte offset, sequence number and
 reason, and points the operator at `sepp-log verify`. Nothing is ever skipped
@@ -468,6 +468,17 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             if not is_last:
                 raise RecoveryError(
                     f"sealed segment ends in damage ({terminal.reason})"
+                    + _covering_note(report, expected),
+                    path=path,
+                    offset=terminal.offset,
+                    seq=expected,
+                )
+            if expected <= snapshots_seq:
+                # Row 21: a snapshot is published only once the log under it is
+                # synced, so this record was durable: damage, not a torn append.
+                raise RecoveryError(
+                    f"the last segment ends in damage ({terminal.reason}) at seq {expected}, "
+                    f"which the snapshot at seq {snapshots_seq} says was durable"
                     + _covering_note(report, expected),
                     path=path,
                     offset=terminal.offset,

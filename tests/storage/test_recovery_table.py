@@ -1014,3 +1014,38 @@ def test_refusal_message_names_file_offset_seq_and_the_verify_tool() -> None:
     assert "corrupt record (x)" in text and "/d/wal/1.log" in text
     assert "offset 40" in text and "seq 7" in text
     assert "sepp-log verify" in text
+
+
+# ---------------------------------------------------------------- row 21
+
+
+TEAR_REASONS = {
+    "cut_mid_header": "truncated record header",
+    "cut_mid_body": "truncated record body",
+    "zero_filled": "zero-filled tail",
+    "flipped_bit_in_body": "bad body checksum",
+    "flipped_bit_in_header": "bad header checksum",
+}
+
+
+@row(21)
+@pytest.mark.parametrize("tear", sorted(TEARS))
+def test_torn_tail_a_snapshot_says_was_durable_refuses_to_start_and_cuts_nothing(
+    tear: str,
+) -> None:
+    built = build(25, snapshots_at=(25,))
+    path = built.segments()[-1]
+    data = built.fs.read(path)
+    last = built.records(path)[-1]
+    assert last.seq == 25
+    damaged = TEARS[tear](data, last)
+    put_bytes(built.fs, path, damaged)
+    assert_refuses(
+        built.fs,
+        path=path,
+        offset=last.offset,
+        seq=25,
+        reason=f"the last segment ends in damage ({TEAR_REASONS[tear]}) at seq 25, "
+        "which the snapshot at seq 25 says was durable",
+    )
+    assert built.fs.read(path) == damaged  # nothing was cut

@@ -641,3 +641,23 @@ def test_empty_data_directory_verifies(tmp_path: Path) -> None:
     report = run(tmp_path / "data")
     assert report.problems == []
     assert (report.records, report.replayed_to) == (0, 0)
+
+
+def test_a_torn_tail_a_snapshot_says_was_durable_is_corruption_as_recovery_says(
+    tmp_path: Path,
+) -> None:
+    # Recovery row 21: the snapshot at 40 was published only once seq 40 was
+    # synced, so a bad last record at seq 40 is damage, not a torn append.
+    live = scripted_log(tmp_path / "data", snapshot_at=(40,))
+    live.close()
+    path, record = locate(live.data_dir, 40)
+    flip_bit(path, record.offset + RECORD_HEADER_BYTES + 2)
+    report = run(live.data_dir)
+    corruption = [p for p in report.problems if p.kind == "corruption"]
+    assert [(p.severity, p.file, p.offset, p.seq) for p in corruption] == [
+        (ERROR, SEG25, record.offset, 40)
+    ]
+    assert "which the snapshot at seq 40 says was durable" in corruption[0].reason
+    assert not [p for p in report.problems if p.kind == "torn-tail"]
+    with pytest.raises(RecoveryError):
+        Engine.open(str(live.data_dir), CONFIG, options())
