@@ -136,6 +136,19 @@ def _packer() -> Callable[[Any], bytes]:
     return pack
 
 
+# msgpack's Packer never shrinks its buffer: one 16 MiB enqueue would leave its
+# thread's Packer holding 16 MiB for good. A body past PACKER_BUFFER_BYTES_KEPT
+# gets the thread a fresh Packer after it.
+PACKER_BUFFER_BYTES_KEPT = 1 << 20
+
+
+def _packed(value: object) -> bytes:
+    data = _packer()(value)
+    if len(data) > PACKER_BUFFER_BYTES_KEPT:
+        _local.pack = msgpack.Packer(use_bin_type=True).pack
+    return data
+
+
 def encode_envelope(
     time_ms: object, command_kind: object, events: object, synced_seq: object = None
 ) -> bytes:
@@ -160,10 +173,10 @@ def encode_envelope(
         if type(event) is not list or len(event) < 2:
             raise ValueError(f"an event must be a list [type_id, version, ...]: {event!r:.80}")
     if synced_seq is None:
-        return _packer()([ENVELOPE_VERSION_1, time_ms, command_kind, events])
+        return _packed([ENVELOPE_VERSION_1, time_ms, command_kind, events])
     if type(synced_seq) is not int or synced_seq < 0:
         raise ValueError(f"synced_seq must be a non-negative int, got {synced_seq!r:.40}")
-    return _packer()([ENVELOPE_VERSION, time_ms, command_kind, events, synced_seq])
+    return _packed([ENVELOPE_VERSION, time_ms, command_kind, events, synced_seq])
 
 
 def decode_envelope(body: BytesLike) -> Envelope:
