@@ -426,16 +426,7 @@ def _undeliverable_payload(
     if len(data) + generous <= room:
         return None
     others = queue_bytes + type_bytes + _utf8_len(cast(str, job.payload_encoding))
-    if job.traceparent is not None:
-        others += _utf8_len(job.traceparent)
-    if job.tracestate is not None:
-        others += _utf8_len(job.tracestate)
-    custom = job.custom
-    if custom:
-        for key, value in custom.items():
-            others += CUSTOM_ENTRY_FIXED_BYTES + _utf8_len(key)
-            if isinstance(value, str):
-                others += _utf8_len(value)
+    others += _trace_and_custom_answer_bytes(job.traceparent, job.tracestate, job.custom)
     if len(data) + others <= room:
         return None
     return PayloadTooLarge(max(room - others, 0), len(data))
@@ -707,13 +698,18 @@ def job_answer_bytes(job: Job) -> int:
         encoding = job.payload_encoding
         if encoding is not None:
             size += _utf8_len(encoding)
-    traceparent = job.traceparent
+    return size + _trace_and_custom_answer_bytes(job.traceparent, job.tracestate, job.custom)
+
+
+def _trace_and_custom_answer_bytes(
+    traceparent: str | None, tracestate: str | None, custom: Mapping[str, object] | None
+) -> int:
+    """A job's trace context and custom map, as they count in an answer."""
+    size = 0
     if traceparent is not None:
         size += _utf8_len(traceparent)
-    tracestate = job.tracestate
     if tracestate is not None:
         size += _utf8_len(tracestate)
-    custom = job.custom
     if custom:
         for key, value in custom.items():
             size += CUSTOM_ENTRY_FIXED_BYTES + _utf8_len(key)
