@@ -157,6 +157,20 @@ CORE_CONFIGS: dict[str, CoreConfig] = {
 }
 
 
+# The faults a cycle draws from (each counted as `fault_<name>`), and how often.
+FAULTS = (
+    "between",
+    "op",
+    "point",
+    "error",
+    "full",
+    "flip_segment",
+    "flip_snapshot",
+    "writeback",
+)
+FAULT_WEIGHTS = (20, 35, 20, 10, 5, 6, 4, 10)
+
+
 class Violation(AssertionError):
     """A broken promise found by the simulation."""
 
@@ -549,19 +563,7 @@ class Sim:
 
     def cycle(self) -> None:
         rng = self.rng
-        fault = rng.choices(
-            (
-                "between",
-                "op",
-                "point",
-                "error",
-                "full",
-                "flip_segment",
-                "flip_snapshot",
-                "writeback",
-            ),
-            weights=(20, 35, 20, 10, 5, 6, 4, 10),
-        )[0]
+        fault = rng.choices(FAULTS, weights=FAULT_WEIGHTS)[0]
         self.stats[f"fault_{fault}"] += 1
         if fault == "between":
             for _ in range(rng.randrange(0, 8)):

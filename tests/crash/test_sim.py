@@ -33,16 +33,7 @@ def test_hundreds_of_simulated_seeds_hold_every_promise(seed: int) -> None:
     stats = summary.stats
     assert summary.cycles >= 3 * CI_SEEDS, summary.cycles
     # Every kind of fault happened, and the crashes cut where it matters.
-    for fault in (
-        "between",
-        "op",
-        "point",
-        "error",
-        "full",
-        "flip_segment",
-        "flip_snapshot",
-        "writeback",
-    ):
+    for fault in sim.FAULTS:
         assert stats[f"fault_{fault}"] > 0, fault
     for counter in (
         "truncated",
