@@ -16,6 +16,15 @@ is stopped by PID when its run ends (also on Ctrl-C and errors).
     python -m benchmarks.compare --buffered --sweep   # + buffered table, + concurrency sweep
     python -m benchmarks.compare --brokers sepp nats --runs 1 --jobs 20000
     python -m benchmarks.compare --sepp-builds pure   # sepp's pure-Python build only
+    python -m benchmarks.compare --clients --quick    # only the clients section, 10,000 jobs
+
+The "clients" section (in every run unless --no-clients) measures what users run:
+each broker through its own client library from ONE client process pinned to core
+1, durable — sepp's SeppClient / Worker (benchmarks/bench_client.py's producer,
+worker, max_jobs=1 worker and round trip phases, server in sync_all), BullMQ's
+Queue.add / Worker(concurrency) from one Node process, nats-py's js.publish / pull
+consumer, greenstalk from threads — with jobs/s, client CPU per job, sepp/peer
+ratios and issue 14's verdicts.
 
 sepp runs in both builds when the compiled build exists (`python -m tools.compile`;
 "sepp compiled" and "sepp pure" rows, the compiled one the reference for the
@@ -43,7 +52,7 @@ from importlib.metadata import version as pkg_version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_e2e
+from benchmarks import bench_client, bench_e2e
 from benchmarks.common import (
     check_builds,
     fsync_rate,
@@ -595,6 +604,220 @@ def write_png(path: Path, sections: list[tuple[str, list[Row]]], sweep: list[Row
     return None
 
 
+# --- the clients section: each broker through its own client library ------------------
+
+CLIENTS_JOBS = 50_000
+CLIENTS_SEPP_PHASES = ["producer", "worker", "worker_mj1", "roundtrip"]
+CLIENTS_PEER_PHASES = ["producer", "worker"]
+CLIENTS_ORDER = ["sepp", "bullmq", "nats", "beanstalkd"]
+# What each broker's client process calls, as its users write it.
+CLIENT_APIS = {
+    "sepp": "SeppClient.enqueue, N tasks / Worker(max_in_flight=N), no-op",
+    "bullmq": "Queue.add, N concurrent / Worker(concurrency=N), no-op",
+    "nats": "js.publish, N tasks / pull fetch(N) + ack each",
+    "beanstalkd": "greenstalk put / reserve + delete, N threads",
+}
+CLIENT_PHASE_NAMES = {
+    "producer": "producer",
+    "worker": "worker",
+    "worker_mj1": "worker max_jobs=1",
+    "roundtrip": "round trip",
+}
+TARGET_CLIENT_PRODUCER, TARGET_CLIENT_WORKER, TARGET_CLIENT_WORKER_MJ1 = 2.0, 2.0, 1.0
+
+
+@dataclass
+class ClientRow:
+    key: str  # sepp | bullmq | nats | beanstalkd
+    broker: str
+    setting: str
+    jobs: int
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def phases(self) -> list[str]:
+        return CLIENTS_SEPP_PHASES if self.key == "sepp" else CLIENTS_PEER_PHASES
+
+    def summary(self, phase: str) -> dict[str, Any]:
+        return bench_client.summarize(phase, self.runs)
+
+    def rate(self, phase: str) -> float | None:
+        return self.summary(phase).get("jobs_per_s")
+
+
+def make_client_rows(keys: list[str], sepp_mode: str, build: str, jobs: int) -> list[ClientRow]:
+    rows = []
+    for key in CLIENTS_ORDER:
+        if key not in keys:
+            continue
+        if key == "sepp":
+            rows.append(ClientRow("sepp", f"sepp {build}", sepp_mode, jobs))
+        else:
+            cls = PEERS[key]
+            rows.append(ClientRow(key, cls.name, cls("durable").setting(), jobs))
+    return rows
+
+
+def client_runner(
+    row: ClientRow, build: str, concurrency: int, rounds: int, pin: bool
+) -> Callable[[], dict[str, Any]]:
+    if row.key == "sepp":
+        return lambda: bench_client.run_once(
+            row.setting, row.phases, row.jobs, concurrency, rounds, pin, "asyncio", build
+        )
+    cls = PEERS[row.key]
+
+    def run() -> dict[str, Any]:
+        broker = cls("durable", pin)
+        broker.start()
+        try:
+            return broker.drive_clients(row.jobs, concurrency, row.phases)
+        finally:
+            broker.stop()
+
+    return run
+
+
+def measure_client(
+    row: ClientRow, runner: Callable[[], dict[str, Any]], log: Callable[[str], None], quiet: float
+) -> None:
+    wait_quiet(quiet, log)
+    busy0, ours0 = _system_busy(), _our_cpu()
+    t0 = time.perf_counter()
+    try:
+        result = runner()
+    except (DriverError, RuntimeError, subprocess.CalledProcessError, OSError, ValueError) as exc:
+        msg = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+        row.errors.append(msg)
+        log(f"  {row.broker:<16} clients ERROR: {msg}")
+        return
+    wall = time.perf_counter() - t0
+    result["other_cpu"] = max(0.0, (_system_busy() - busy0 - (_our_cpu() - ours0)) / wall)
+    row.runs.append(result)
+    parts = [
+        f"{CLIENT_PHASE_NAMES[p]} {result[p]['jobs_per_s']:,.0f}/s "
+        f"({result[p]['client_us_per_job']:.0f} µs)"
+        for p in row.phases
+        if p in result
+    ]
+    log(
+        f"  {row.broker:<16} " + "  ".join(parts) + f"  [{wall:.0f} s, others' CPU "
+        f"{result['other_cpu'] * 100:.0f}%]"
+    )
+
+
+def clients_table(rows: list[ClientRow]) -> str:
+    headers = [
+        "broker", "client API", "phase", "jobs/s", "client µs/job", "broker µs/job",
+        "client CPU", "p50 / p99 / p999 ms", "sepp/peer", "sepp max_jobs=1/peer", "runs",
+    ]  # fmt: skip
+    sepp = next((r for r in rows if r.key == "sepp" and r.runs), None)
+    body = []
+    for row in rows:
+        if not row.runs:
+            body.append([row.broker, CLIENT_APIS[row.key], "error"] + ["-"] * 7 + ["0"])
+            continue
+        for phase in row.phases:
+            s = row.summary(phase)
+            if not s:
+                continue
+            spread = f" ({s['min']:,.0f}-{s['max']:,.0f})" if s["runs"] > 1 else ""
+            cpu = s["client_cpu"] * 100
+            lat = (
+                f"{s['p50_ms']:.2f} / {s['p99_ms']:.2f} / {s['p999_ms']:.2f}"
+                if "p50_ms" in s
+                else "-"
+            )
+            same = mj1 = "-"
+            if row.key == "sepp":
+                same = "—"
+            elif sepp is not None:
+                same = fmt_ratio(ratio(sepp.rate(phase), s["jobs_per_s"]))
+                if phase == "worker":
+                    mj1 = fmt_ratio(ratio(sepp.rate("worker_mj1"), s["jobs_per_s"]))
+            body.append(
+                [
+                    row.broker if phase == row.phases[0] else "",
+                    CLIENT_APIS[row.key] if phase == row.phases[0] else "",
+                    CLIENT_PHASE_NAMES[phase],
+                    f"{s['jobs_per_s']:,.0f}{spread}",
+                    f"{s['client_us_per_job']:.1f}",
+                    f"{s['server_us_per_job']:.1f}",
+                    f"{cpu:.0f}%" + ("!" if cpu >= SATURATED * 100 else ""),
+                    lat,
+                    same,
+                    mj1,
+                    str(len(row.runs)) + (f" ({len(row.errors)} failed)" if row.errors else ""),
+                ]
+            )
+    return md_table(headers, body, right=set(range(3, 11)))
+
+
+def clients_verdicts(rows: list[ClientRow]) -> list[str]:
+    sepp = next((r for r in rows if r.key == "sepp" and r.runs), None)
+    bull = next((r for r in rows if r.key == "bullmq" and r.runs), None)
+    if sepp is None:
+        return ["clients verdict: needs sepp's client run"]
+    out = []
+    if bull is None:
+        out.append("clients verdict: needs BullMQ's client run for the ratio targets")
+    else:
+        for what, mine, theirs, target in (
+            ("Producer >= 2x BullMQ Queue.add", "producer", "producer", TARGET_CLIENT_PRODUCER),
+            ("Worker >= 2x BullMQ Worker", "worker", "worker", TARGET_CLIENT_WORKER),
+            (
+                "max_jobs=1 worker >= BullMQ Worker rate",
+                "worker_mj1",
+                "worker",
+                TARGET_CLIENT_WORKER_MJ1,
+            ),
+        ):
+            a, b = sepp.rate(mine), bull.rate(theirs)
+            x = ratio(a, b)
+            out.append(
+                f"{what}: sepp {fmt_rate(a)}/s vs BullMQ {fmt_rate(b)}/s = {fmt_ratio(x)}"
+                f" -> {'MET' if x is not None and x >= target else 'NOT MET'}"
+            )
+    summary = {p: sepp.summary(p) for p in sepp.phases}
+    out += [f"{line[0].upper()}{line[1:]}" for line in bench_client.verdicts(summary)]
+    return out
+
+
+CLIENTS_CSV_FIELDS = [
+    "broker", "setting", "phase", "jobs", "runs", "jobs_s", "min", "max", "client_us_per_job",
+    "broker_us_per_job", "client_cpu", "p50_ms", "p99_ms", "p999_ms",
+]  # fmt: skip
+
+
+def clients_csv_rows(rows: list[ClientRow]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        for phase in row.phases:
+            s = row.summary(phase)
+            if not s:
+                continue
+            out.append(
+                {
+                    "broker": row.broker,
+                    "setting": row.setting,
+                    "phase": phase,
+                    "jobs": s["jobs"],
+                    "runs": s["runs"],
+                    "jobs_s": s["jobs_per_s"],
+                    "min": s["min"],
+                    "max": s["max"],
+                    "client_us_per_job": s["client_us_per_job"],
+                    "broker_us_per_job": s["server_us_per_job"],
+                    "client_cpu": s["client_cpu"],
+                    "p50_ms": s.get("p50_ms"),
+                    "p99_ms": s.get("p99_ms"),
+                    "p999_ms": s.get("p999_ms"),
+                }
+            )
+    return out
+
+
 # --- main ---------------------------------------------------------------------------
 
 
@@ -667,6 +890,28 @@ def main() -> int:
     )
     parser.add_argument("--sweep-runs", type=int, default=1)
     parser.add_argument(
+        "--no-clients",
+        action="store_true",
+        help="skip the clients section (each broker through its own client library)",
+    )
+    parser.add_argument(
+        "--clients",
+        action="store_true",
+        help="the clients section only (no durable / buffered / sweep table)",
+    )
+    parser.add_argument(
+        "--clients-jobs",
+        type=int,
+        default=None,
+        help=f"jobs per producer / worker phase of the clients section (default {CLIENTS_JOBS:,}; "
+        "--quick 10,000); sepp's max_jobs=1 worker runs a quarter",
+    )
+    parser.add_argument(
+        "--clients-mode",
+        default="sync_all",
+        help="sepp's persist mode in the clients section (default sync_all, the issue's target)",
+    )
+    parser.add_argument(
         "--no-pin", action="store_true", help="do not pin broker / driver to cores 0 / 1"
     )
     parser.add_argument(
@@ -685,6 +930,11 @@ def main() -> int:
     if problem:
         parser.error(problem)
     jobs = args.jobs or (50_000 if args.quick else METHOD_JOBS)
+    clients_jobs = args.clients_jobs or (10_000 if args.quick else CLIENTS_JOBS)
+    if args.clients:
+        if args.no_clients:
+            parser.error("--clients and --no-clients contradict each other")
+        args.no_durable, args.buffered, args.sweep = True, False, False
     runs = args.runs or (1 if args.quick else 3)
     pin = not args.no_pin
 
@@ -729,9 +979,10 @@ def main() -> int:
     )
     for v in versions(keys):
         log(f"version: {v}")
-    log(
-        f"method: 256-byte payloads, {args.connections} producers then {args.connections} workers, one request in flight each; {jobs:,} jobs; latency {args.rounds:,} round trips on one connection"
-    )
+    if not args.clients:
+        log(
+            f"method: 256-byte payloads, {args.connections} producers then {args.connections} workers, one request in flight each; {jobs:,} jobs; latency {args.rounds:,} round trips on one connection"
+        )
     log("")
 
     durable = (
@@ -759,6 +1010,12 @@ def main() -> int:
                 builds[:1],
             )
 
+    clients = (
+        []
+        if args.no_clients
+        else make_client_rows(keys, args.clients_mode, builds[0], clients_jobs)
+    )
+
     try:
         if durable:
             log(
@@ -781,6 +1038,17 @@ def main() -> int:
             for _ in range(args.sweep_runs):
                 for row in sweep:
                     measure(row, runner_for(row, pin, False, args.rounds), log, args.wait_quiet)
+        if clients:
+            log(
+                f"## clients: each broker through its own client library, one client process, "
+                f"{args.connections} concurrent callers, {clients_jobs:,} jobs, {runs} run(s) "
+                f"(µs = client CPU per job)"
+            )
+            for i in range(runs):
+                log(f"run {i + 1}/{runs}")
+                for crow in clients:
+                    runner = client_runner(crow, builds[0], args.connections, args.rounds, pin)
+                    measure_client(crow, runner, log, args.wait_quiet)
     except KeyboardInterrupt:
         log("interrupted: reporting what was measured")
     finally:
@@ -834,6 +1102,24 @@ def main() -> int:
             f"### Durable throughput by concurrency (enqueue / drain jobs/s; {args.sweep_runs} run(s); ⚠ = driver ≥ 90% of its core)"
         )
         log(sweep_table(sweep))
+    if clients:
+        log("")
+        log(
+            f"### Clients — each broker through its own client library, one client process "
+            f"(pinned to core 1), {args.connections} concurrent callers, durable, {clients_jobs:,} "
+            f"jobs, median of {runs} run(s) (min-max)"
+        )
+        log(clients_table(clients))
+        log("")
+        log(
+            "client / broker µs/job = CPU time of the client process / of the broker per job "
+            "(per round trip for sepp's round trip); client CPU = its share of one core."
+        )
+        for v in clients_verdicts(clients):
+            log(v)
+        for crow in clients:
+            for e in crow.errors:
+                log(f"error: clients {crow.broker}: {e}")
     log("")
     log(
         "CPU = share of one core during the enqueue / drain phase (broker pinned to core 0, driver to core 1); '!' = >= 90% busy."
@@ -885,6 +1171,11 @@ def main() -> int:
                                 **run[phase],
                             }
                         )
+    if clients:
+        with open(f"{base}-clients.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CLIENTS_CSV_FIELDS)
+            w.writeheader()
+            w.writerows(clients_csv_rows(clients))
     sections = []
     if durable:
         sections.append(
@@ -900,6 +1191,7 @@ def main() -> int:
     problem = write_png(Path(f"{base}.png"), sections, sweep)
     log(
         f"wrote {base}.csv, {base}-runs.csv, {base}.txt"
+        + (f", {base}-clients.csv" if clients else "")
         + ("" if problem else f", {base}.png")
         + (f" ({problem})" if problem else "")
     )

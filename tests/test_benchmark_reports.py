@@ -14,9 +14,17 @@ from typing import Any
 
 import pytest
 
-from benchmarks import bench_e2e, bench_requests, common
+from benchmarks import bench_client, bench_e2e, bench_requests, common
 from benchmarks.common import check_builds, server_loop, server_sync
-from benchmarks.compare import Row, headline_table, make_rows, verdicts
+from benchmarks.compare import (
+    ClientRow,
+    Row,
+    clients_table,
+    clients_verdicts,
+    headline_table,
+    make_rows,
+    verdicts,
+)
 from log_format._compiled import build_env
 from sepp.server import loops
 from sepp.storage.aio import aio_unavailable
@@ -175,3 +183,87 @@ def test_sepp_gets_a_row_per_build_and_persist_mode() -> None:
         ("sepp pure", "sync_data", "pure"),
         ("sepp pure", "sync_all", "pure"),
     ]
+
+
+# --- the user-level client benchmark (bench_client) and compare's clients section ------
+
+
+def test_bench_client_quick_runs_short_and_slow_settings_run_fewer_jobs() -> None:
+    args = bench_client.parse_args(["--quick"])
+    assert (args.jobs, args.runs, args.rounds, args.mode) == (10_000, 1, 300, "sync_all")
+    assert args.phases == list(bench_client.PHASES) and args.pin
+    args = bench_client.parse_args(["--jobs", "4000", "--phases", "producer", "--no-pin"])
+    assert (args.jobs, args.runs, args.rounds, args.phases, args.pin) == (
+        4000, 3, 2000, ["producer"], False,
+    )  # fmt: skip
+    assert bench_client.phase_jobs("worker", 4000) == 4000
+    assert bench_client.phase_jobs("worker_mj1", 4000) == 1000
+    assert bench_client.phase_jobs("worker_mif1", 1000) == bench_client.MIN_JOBS
+
+
+def _client_phase(rate: float, client_us: float, **extra: float) -> dict[str, float]:
+    return {
+        "jobs": 1000, "seconds": 1000 / rate, "jobs_per_s": rate, "client_cpu_s": 0.0,
+        "server_cpu_s": 0.0, "client_us_per_job": client_us, "server_us_per_job": 30.0,
+        "client_cpu": 0.5, **extra,
+    }  # fmt: skip
+
+
+def test_bench_client_summarizes_medians_and_judges_its_own_targets() -> None:
+    runs = [
+        {"producer": _client_phase(20_000, 14.0), "roundtrip": _client_phase(500, 400, p99_ms=2.5, p50_ms=1, p999_ms=4)},
+        {"producer": _client_phase(30_000, 16.0), "roundtrip": _client_phase(500, 400, p99_ms=3.5, p50_ms=1, p999_ms=4)},
+        {"producer": _client_phase(10_000, 15.0), "roundtrip": _client_phase(500, 400, p99_ms=2.9, p50_ms=1, p999_ms=4)},
+    ]  # fmt: skip
+    summary = {p: bench_client.summarize(p, runs) for p in ("producer", "worker", "roundtrip")}
+    assert summary["producer"]["jobs_per_s"] == 20_000
+    assert (summary["producer"]["min"], summary["producer"]["max"]) == (10_000, 30_000)
+    assert summary["worker"] == {}
+    lines = bench_client.verdicts(summary)
+    assert lines[0] == "client CPU per enqueue <= 15 µs: 15.00 µs -> MET", lines
+    assert lines[1].endswith("not measured (phase worker not run)"), lines
+    assert lines[2] == "round trip p99 <= 3 ms: 2.90 ms -> MET", lines
+    rows = bench_client.table_rows(summary)
+    assert [r[0] for r in rows] == ["producer", "roundtrip"]
+    assert rows[1][-1] == "1.00 / 2.90 / 4.00"
+
+
+def test_the_clients_verdicts_set_sepp_against_bullmqs_own_api() -> None:
+    sepp = ClientRow("sepp", "sepp pure", "sync_all", 1000)
+    sepp.runs.append(
+        {
+            "producer": _client_phase(40_000, 14.0),
+            "worker": _client_phase(20_000, 30.0),
+            "worker_mj1": _client_phase(9_000, 60.0),
+        }
+    )
+    bull = ClientRow("bullmq", "BullMQ/Redis", "appendfsync always", 1000)
+    bull.runs.append(
+        {"producer": _client_phase(20_000, 35.0), "worker": _client_phase(10_000, 50.0)}
+    )
+    lines = clients_verdicts([sepp, bull])
+    assert lines[0].endswith("= 2.00x -> MET"), lines[0]
+    assert lines[1].endswith("= 2.00x -> MET"), lines[1]
+    assert lines[2].endswith("= 0.90x -> NOT MET"), lines[2]
+    assert lines[3].endswith("14.00 µs -> MET") and lines[4].endswith("30.00 µs -> NOT MET"), lines
+    table = clients_table([sepp, bull])
+    assert "0.90x" in table and "2.00x" in table  # max_jobs=1 and the worker against BullMQ
+    assert clients_verdicts([bull]) == ["clients verdict: needs sepp's client run"]
+
+
+def test_bench_client_runs_every_phase_through_the_public_client(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    server = server_factory()
+    port = server.address.rpartition(":")[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_client", "--child", "--no-pin", "--port", port,
+         "--jobs", "200", "--concurrency", "8", "--rounds", "20", "--phases", *bench_client.PHASES],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for phase in bench_client.PHASES:
+        want = 20 if phase == "roundtrip" else bench_client.phase_jobs(phase, 200)
+        assert result[phase]["jobs"] == want, (phase, result[phase])
+        assert result[phase]["jobs_per_s"] > 0 and result[phase]["client_us_per_job"] > 0
+    assert result["roundtrip"]["p50_ms"] <= result["roundtrip"]["p99_ms"]

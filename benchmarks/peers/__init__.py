@@ -14,5 +14,10 @@ the peers alike:
      "drain":   {... same ...},
      "latency": {"rounds", "p50_ms", "p99_ms", "p999_ms", "client_cpu", "server_cpu"}}
 
+compare.py's "clients" section uses each peer's ordinary client API instead, from
+ONE client process (`nats_client.py`, `beanstalkd_client.py`,
+`node/bullmq_client.js`; `Broker.drive_clients`), printing bench_client's format:
+``{"producer": {...}, "worker": {...}}`` with jobs/s and the client's CPU per job.
+
 Install everything with `bash benchmarks/peers/install.sh`.
 """

@@ -218,6 +218,31 @@ class Broker:
             "--phases",
             *phases,
         ]
+        return self._run_driver(cmd, timeout)
+
+    def client_command(self) -> list[str]:
+        """The user-level client benchmark (compare.py's "clients" section)."""
+        raise NotImplementedError
+
+    def drive_clients(
+        self, jobs: int, concurrency: int, phases: list[str], timeout: float = 3600
+    ) -> dict[str, Any]:
+        """Run the peer's user-level client benchmark: ONE client process (pinned
+        to core 1) using the peer's ordinary API; one JSON result per phase."""
+        assert self.proc is not None
+        cmd = [
+            *taskset("1" if self.pin else None),
+            *self.client_command(),
+            "--port", str(self.port),
+            "--jobs", str(jobs),
+            "--concurrency", str(concurrency),
+            "--server-pid", str(self.proc.pid),
+            "--phases", *phases,
+        ]  # fmt: skip
+        return self._run_driver(cmd, timeout)
+
+    def _run_driver(self, cmd: list[str], timeout: float) -> dict[str, Any]:
+        assert self.proc is not None
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
@@ -261,6 +286,9 @@ class Beanstalkd(Broker):
 
     def driver_command(self) -> list[str]:
         return [sys.executable, "-m", "benchmarks.peers.beanstalkd_driver"]
+
+    def client_command(self) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.peers.beanstalkd_client"]
 
 
 class RedisBullMQ(Broker):
@@ -313,6 +341,9 @@ class RedisBullMQ(Broker):
 
     def driver_command(self) -> list[str]:
         return ["node", str(NODE_DIR / "bullmq_driver.js")]
+
+    def client_command(self) -> list[str]:
+        return ["node", str(NODE_DIR / "bullmq_client.js")]
 
 
 class NatsJetStream(Broker):
@@ -368,6 +399,9 @@ class NatsJetStream(Broker):
 
     def driver_command(self) -> list[str]:
         return [sys.executable, "-m", "benchmarks.peers.nats_driver"]
+
+    def client_command(self) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.peers.nats_client"]
 
 
 PEERS: dict[str, type[Broker]] = {
