@@ -361,9 +361,12 @@ def run_once(
         if not pin:
             cmd.append("--no-pin")
         env = {**os.environ, **(build_env(build) if build is not None else {})}
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout
-        )
+        try:
+            out = subprocess.run(
+                cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"bench_client child timed out after {timeout:.0f} s") from exc
         if out.returncode != 0 or not out.stdout.strip():
             raise RuntimeError(
                 f"bench_client child failed ({out.returncode}): {out.stderr.strip()[-1500:]}"

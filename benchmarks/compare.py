@@ -623,6 +623,8 @@ CLIENT_PHASE_NAMES = {
     "worker_mj1": "worker max_jobs=1",
     "roundtrip": "round trip",
 }
+# A client run that stalls (a worker waiting for jobs that never come) fails after this.
+CLIENTS_TIMEOUT = 900.0
 TARGET_CLIENT_PRODUCER, TARGET_CLIENT_WORKER, TARGET_CLIENT_WORKER_MJ1 = 2.0, 2.0, 1.0
 
 
@@ -664,7 +666,15 @@ def client_runner(
 ) -> Callable[[], dict[str, Any]]:
     if row.key == "sepp":
         return lambda: bench_client.run_once(
-            row.setting, row.phases, row.jobs, concurrency, rounds, pin, "asyncio", build
+            row.setting,
+            row.phases,
+            row.jobs,
+            concurrency,
+            rounds,
+            pin,
+            "asyncio",
+            build,
+            timeout=CLIENTS_TIMEOUT,
         )
     cls = PEERS[row.key]
 
@@ -672,7 +682,7 @@ def client_runner(
         broker = cls("durable", pin)
         broker.start()
         try:
-            return broker.drive_clients(row.jobs, concurrency, row.phases)
+            return broker.drive_clients(row.jobs, concurrency, row.phases, CLIENTS_TIMEOUT)
         finally:
             broker.stop()
 
@@ -1117,6 +1127,17 @@ def main() -> int:
         )
         for v in clients_verdicts(clients):
             log(v)
+        busy = [
+            f"{crow.broker}: {run['other_cpu'] * 100:.0f}%"
+            for crow in clients
+            for run in crow.runs
+            if run.get("other_cpu", 0.0) >= BUSY_OTHERS
+        ]
+        if busy:
+            log(
+                f"note: during {len(busy)} clients run(s) other processes used >= "
+                f"{BUSY_OTHERS * 100:.0f}% of a core (those figures are low): " + "; ".join(busy)
+            )
         for crow in clients:
             for e in crow.errors:
                 log(f"error: clients {crow.broker}: {e}")
