@@ -12,11 +12,13 @@ its own queue, 256-byte payloads:
 |-----------------|---------------------------------------------------------------------------|
 | producer        | ONE `SeppClient`, N tasks (`--concurrency`, 50) each awaiting              |
 |                 | `client.enqueue(EnqueueRequest(...))` one job at a time                    |
+| producer_clients| N `SeppClient`s (N connections), one task each, the same calls             |
 | worker          | one `Worker`, no-op `async` handler, `max_in_flight=50`, `max_jobs` unset  |
 | worker_mj1      | the same with `max_jobs=1`                                                 |
 | worker_mif8     | `max_in_flight=8` (`max_jobs` unset)                                       |
 | worker_mif1     | `max_in_flight=1`                                                          |
 | sync_producer   | ONE `SyncSeppClient`, N threads each calling `client.enqueue(...)`         |
+| sync_loop       | ONE `SyncSeppClient`, one thread calling `client.enqueue(...)` in a loop   |
 | sync_worker     | ONE `SyncSeppClient`, N threads each `reserve(max_jobs=1)` + `ack`         |
 | roundtrip       | ONE `SeppClient`: enqueue -> reserve -> ack, one after another (p50/p99/p999) |
 
@@ -58,11 +60,13 @@ PRELOAD_BATCH = 256  # the server's default max_enqueue_batch
 # name -> (description, share of --jobs it runs; the slow settings run fewer jobs)
 PHASES: dict[str, tuple[str, float]] = {
     "producer": ("producer: N concurrent enqueue, one SeppClient", 1.0),
+    "producer_clients": ("producer: N SeppClients, one enqueue in flight each", 0.5),
     "worker": ("Worker no-op, max_in_flight 50, max_jobs unset", 1.0),
     "worker_mj1": ("Worker no-op, max_in_flight 50, max_jobs=1", 0.25),
     "worker_mif8": ("Worker no-op, max_in_flight 8", 0.25),
     "worker_mif1": ("Worker no-op, max_in_flight 1", 0.05),
     "sync_producer": ("SyncSeppClient: N threads enqueue", 0.5),
+    "sync_loop": ("SyncSeppClient: one thread, enqueue in a loop", 0.05),
     "sync_worker": ("SyncSeppClient: N threads reserve(1) + ack", 0.25),
     "roundtrip": ("round trip enqueue -> reserve -> ack, one client", 0.0),
 }
@@ -158,6 +162,29 @@ async def producer_phase(addr: str, jobs: int, concurrency: int, server_pid: int
         start = Mark(server_pid)
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         return result(jobs, start, Mark(server_pid))
+
+
+async def producer_clients_phase(
+    addr: str, jobs: int, concurrency: int, server_pid: int
+) -> dict[str, Any]:
+    from sepp.client import SeppClient
+
+    queue = "bench-producer-clients"
+    clients = [await SeppClient.connect(addr) for _ in range(concurrency)]
+    try:
+        remaining = [jobs]
+
+        async def caller(client: SeppClient) -> None:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                await client.enqueue(_request(queue))
+
+        start = Mark(server_pid)
+        await asyncio.gather(*(caller(c) for c in clients))
+        return result(jobs, start, Mark(server_pid))
+    finally:
+        for client in clients:
+            await client.close()
 
 
 async def worker_phase(
@@ -265,6 +292,17 @@ def sync_producer_phase(addr: str, jobs: int, concurrency: int, server_pid: int)
         return result(jobs, start, Mark(server_pid))
 
 
+def sync_loop_phase(addr: str, jobs: int, server_pid: int) -> dict[str, Any]:
+    from sepp.client import SyncSeppClient
+
+    queue = "bench-sync-loop"
+    with SyncSeppClient.connect(addr) as client:
+        start = Mark(server_pid)
+        for _ in range(jobs):
+            client.enqueue(_request(queue))
+        return result(jobs, start, Mark(server_pid))
+
+
 def sync_worker_phase(addr: str, jobs: int, concurrency: int, server_pid: int) -> dict[str, Any]:
     from sepp.client import ReserveOptions, SyncSeppClient
 
@@ -311,12 +349,18 @@ def child_main(args: argparse.Namespace) -> None:
         n = phase_jobs(phase, args.jobs)
         if phase == "producer":
             out[phase] = run_async(producer_phase(addr, n, args.concurrency, args.server_pid))
+        elif phase == "producer_clients":
+            out[phase] = run_async(
+                producer_clients_phase(addr, n, args.concurrency, args.server_pid)
+            )
         elif phase in WORKER_SETTINGS:
             out[phase] = run_async(
                 worker_phase(addr, n, WORKER_SETTINGS[phase], args.server_pid, f"bench-{phase}")
             )
         elif phase == "sync_producer":
             out[phase] = sync_producer_phase(addr, n, args.concurrency, args.server_pid)
+        elif phase == "sync_loop":
+            out[phase] = sync_loop_phase(addr, n, args.server_pid)
         elif phase == "sync_worker":
             out[phase] = sync_worker_phase(addr, n, args.concurrency, args.server_pid)
         elif phase == "roundtrip":
