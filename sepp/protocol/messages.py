@@ -43,6 +43,7 @@ OP_SERVER_INFO = "server_info"
 OP_QUEUE_STATS = "queue_stats"
 OP_RELEASE = "release"
 OP_WITHDRAW = "withdraw"
+OP_SETTLE = "settle"
 OPS = (
     OP_HELLO,
     OP_HEALTH,
@@ -56,7 +57,15 @@ OPS = (
     OP_QUEUE_STATS,
     OP_RELEASE,
     OP_WITHDRAW,
+    OP_SETTLE,
 )
+
+# The kinds of item a `settle` carries (PROTOCOL.md 5.13): each is the body of
+# the single operation of that name plus ``kind``.
+SETTLE_KINDS = (OP_ACK, OP_NACK, OP_EXTEND)
+# The most items one `settle` may carry (a fixed protocol limit, advertised in
+# the hello answer and server_info); more is refused whole.
+MAX_SETTLE_BATCH = 256
 
 RETRY_DEFAULT = "default"
 RETRY_DELAY = "delay"
@@ -483,6 +492,45 @@ def parse_extend(body: dict[str, Any]) -> ExtendBody:
     )
 
 
+class SettleBody(NamedTuple):
+    """A batch of acks, nacks and extends (PROTOCOL.md 5.13): each item parsed
+    as the single operation's body (`AckBody`, `NackBody`, `ExtendBody`), or the
+    ProtocolError that refused it (that item's ``invalid_argument`` result)."""
+
+    items: list[AckBody | NackBody | ExtendBody | ProtocolError]
+
+
+def _settle_item(raw: Any) -> AckBody | NackBody | ExtendBody:
+    if type(raw) is not dict:
+        raise ProtocolError("a settle item must be a map")
+    kind = raw.get("kind")
+    if kind == OP_ACK:
+        return parse_ack(raw)
+    if kind == OP_NACK:
+        return parse_nack(raw)
+    if kind == OP_EXTEND:
+        return parse_extend(raw)
+    raise ProtocolError(f"a settle item's kind must be ack, nack or extend, got {kind!r:.40}")
+
+
+def parse_settle(body: dict[str, Any]) -> SettleBody:
+    raw_items = Fields(body).array("items")
+    if not raw_items:
+        raise ProtocolError("a settle needs at least one item")
+    if len(raw_items) > MAX_SETTLE_BATCH:
+        raise ProtocolError(
+            f"a settle holds at most {MAX_SETTLE_BATCH} items (max_settle_batch), "
+            f"got {len(raw_items)}"
+        )
+    items: list[AckBody | NackBody | ExtendBody | ProtocolError] = []
+    for raw in raw_items:
+        try:
+            items.append(_settle_item(raw))
+        except ProtocolError as exc:
+            items.append(exc)
+    return SettleBody(items)
+
+
 class DrainBody(NamedTuple):
     queue: str | None
     max_records: int
@@ -526,6 +574,7 @@ PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     OP_QUEUE_STATS: parse_queue_stats,
     OP_RELEASE: parse_release,
     OP_WITHDRAW: parse_withdraw,
+    OP_SETTLE: parse_settle,
     OP_SERVER_INFO: lambda body: None,
     OP_HEALTH: lambda body: None,
 }

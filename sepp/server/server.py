@@ -1188,6 +1188,8 @@ class ClientConnection(asyncio.Protocol):
                 "server_time_ms": server.clock(),
                 "max_message_bytes": server.frame_bytes_max,
                 "auth_required": server.auth_required,
+                "max_enqueue_batch": server.core_config.limits.max_enqueue_batch,
+                "max_settle_batch": pm.MAX_SETTLE_BATCH,
             },
         )
 
@@ -1283,19 +1285,7 @@ class ClientConnection(asyncio.Protocol):
     def op_nack(self, request_id: int, body: pm.NackBody) -> None:
         if self.server.stopping:
             return self._shutting_down(request_id)
-        retry = {pm.RETRY_DELAY: RETRY_DELAY, pm.RETRY_DEAD_LETTER: RETRY_DEAD_LETTER}.get(
-            body.retry, "default"
-        )
-        decision, barrier = self.server.run(
-            Nack(
-                job_id=body.job_id,
-                attempt=body.attempt,
-                retry=retry,
-                delay_ms=body.delay_ms,
-                reason=body.reason,
-                worker_id=body.worker_id,
-            )
-        )
+        decision, barrier = self.server.run(_nack_command(body))
         self._finish(request_id, decision, barrier, _nack_body)
 
     def op_extend(self, request_id: int, body: pm.ExtendBody) -> None:
@@ -1310,6 +1300,61 @@ class ClientConnection(asyncio.Protocol):
             )
         )
         self._finish(request_id, decision, barrier, _extend_body)
+
+    def op_settle(self, request_id: int, body: pm.SettleBody) -> None:
+        """A batch of acks, nacks and extends (PROTOCOL.md 5.13): each item runs as
+        the command its single operation runs, in order, in this one loop turn (so
+        they share a group commit); one answer with a result per item, sent once
+        the last of them is durable. An item the server is too busy to take gets
+        its own ``resource_exhausted`` (the items before it stand)."""
+        if self.server.stopping:
+            return self._shutting_down(request_id)
+        server = self.server
+        results: list[dict[str, Any]] = []
+        last = 0
+        for item in body.items:
+            if type(item) is pm.AckBody:
+                command: Ack | Nack | Extend = _new_tuple(
+                    Ack, (item.job_id, item.attempt, item.worker_id)
+                )
+                body_of: Callable[[Any], dict[str, Any]] = _ack_body
+            elif type(item) is pm.NackBody:
+                command = _nack_command(item)
+                body_of = _nack_body
+            elif type(item) is pm.ExtendBody:
+                command = Extend(
+                    job_id=item.job_id,
+                    attempt=item.attempt,
+                    lease_ms=item.lease_ms,
+                    worker_id=item.worker_id,
+                )
+                body_of = _extend_body
+            else:
+                message = item.message if isinstance(item, perr.ProtocolError) else "malformed"
+                results.append({"status": perr.INVALID_ARGUMENT, "message": message})
+                continue
+            try:
+                decision, barrier = server.run(command)
+            except Overloaded as exc:
+                results.append(
+                    {
+                        "status": perr.RESOURCE_EXHAUSTED,
+                        "message": str(exc),
+                        "reason": perr.REASON_OVERLOADED,
+                    }
+                )
+                continue
+            if barrier > last:
+                last = barrier
+            if type(decision) is Decision:
+                result = body_of(decision.reply)
+                result["status"] = perr.OK
+            else:
+                code, result = command_error(decision)  # type: ignore[arg-type]
+                result["status"] = code
+            results.append(result)
+        frame = encode_frame(pm.encode_response(request_id, perr.OK, {"results": results}))
+        server.respond_when_durable(self, last, frame, request_id)
 
     def op_drain_dead_letters(self, request_id: int, body: pm.DrainBody) -> None:
         if self.server.stopping:
@@ -1364,6 +1409,7 @@ class ClientConnection(asyncio.Protocol):
             "max_stats_queues": limits.max_stats_queues,
             "max_schedule_horizon_ms": policy.max_schedule_horizon_ms,
             "max_enqueue_batch": limits.max_enqueue_batch,
+            "max_settle_batch": pm.MAX_SETTLE_BATCH,
             "max_reserve_batch": limits.max_reserve_batch,
             "max_reserve_queues": limits.max_reserve_queues,
             "max_wait_timeout_ms": limits.max_wait_timeout_ms,
@@ -1442,6 +1488,20 @@ def _by_request_id(parked: ParkedReserve) -> int:
     return parked.request_id
 
 
+def _nack_command(body: pm.NackBody) -> Nack:
+    retry = {pm.RETRY_DELAY: RETRY_DELAY, pm.RETRY_DEAD_LETTER: RETRY_DEAD_LETTER}.get(
+        body.retry, "default"
+    )
+    return Nack(
+        job_id=body.job_id,
+        attempt=body.attempt,
+        retry=retry,
+        delay_ms=body.delay_ms,
+        reason=body.reason,
+        worker_id=body.worker_id,
+    )
+
+
 def _nack_body(reply: NackResult) -> dict[str, Any]:
     return {"job_id": reply.job_id, "dead_lettered": reply.dead_lettered}
 
@@ -1470,4 +1530,5 @@ _HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
     pm.OP_QUEUE_STATS: ClientConnection.op_queue_stats,
     pm.OP_RELEASE: ClientConnection.op_release,
     pm.OP_WITHDRAW: ClientConnection.op_withdraw,
+    pm.OP_SETTLE: ClientConnection.op_settle,
 }

@@ -206,6 +206,73 @@ def test_reserve_defaults() -> None:
     assert (body.wait_ms, body.max_jobs, body.worker_id) == (0, 1, None)
 
 
+def test_settle_parses_each_item_as_its_single_operations_body() -> None:
+    body = pm.parse_settle(
+        {
+            "items": [
+                {"kind": "ack", "job_id": "a", "attempt": 1},
+                {"kind": "nack", "job_id": "b", "attempt": 2, "retry": "delay", "delay_ms": 5},
+                {"kind": "extend", "job_id": "c", "attempt": 3, "lease_ms": 100, "worker_id": "w"},
+            ]
+        }
+    )
+    assert body.items == [
+        pm.AckBody("a", 1, None),
+        pm.NackBody("b", 2, "delay", 5, None, None),
+        pm.ExtendBody("c", 3, 100, "w"),
+    ]
+
+
+def test_a_malformed_settle_item_is_reported_for_that_item_only() -> None:
+    body = pm.parse_settle(
+        {
+            "items": [
+                {"kind": "ack", "job_id": "a", "attempt": 1},
+                {"kind": "release", "job_id": "b", "attempt": 1},
+                {"kind": "ack", "job_id": "c", "attempt": "1"},
+                "nope",
+                {"job_id": "d", "attempt": 1},
+            ]
+        }
+    )
+    assert body.items[0] == pm.AckBody("a", 1, None)
+    assert isinstance(body.items[1], ProtocolError) and "kind" in body.items[1].message
+    assert isinstance(body.items[2], ProtocolError) and "attempt" in body.items[2].message
+    assert isinstance(body.items[3], ProtocolError) and "map" in body.items[3].message
+    assert isinstance(body.items[4], ProtocolError) and "kind" in body.items[4].message
+
+
+@pytest.mark.parametrize(
+    ("items", "words"),
+    [
+        (None, "items must be an array"),
+        ([], "at least one item"),
+        ([{"kind": "ack", "job_id": "a", "attempt": 1}] * (pm.MAX_SETTLE_BATCH + 1), "at most 256"),
+    ],
+)
+def test_a_settle_without_items_or_over_max_settle_batch_is_refused_whole(
+    items: object, words: str
+) -> None:
+    request = decode_request(
+        msgpack.packb([7, pm.OP_SETTLE, {} if items is None else {"items": items}])
+    )
+    with pytest.raises(ProtocolError, match=words) as caught:
+        pm.parse_body(request)
+    assert caught.value.request_id == 7  # type: ignore[attr-defined]
+
+
+def test_a_settle_of_exactly_max_settle_batch_items_is_accepted() -> None:
+    items = [{"kind": "ack", "job_id": str(i), "attempt": 1} for i in range(pm.MAX_SETTLE_BATCH)]
+    assert len(pm.parse_settle({"items": items}).items) == pm.MAX_SETTLE_BATCH
+
+
+def test_settle_request_and_answer_round_trip_through_the_envelopes() -> None:
+    body = {"items": [{"kind": "ack", "job_id": "a", "attempt": 1}]}
+    assert decode_request(encode_request(9, pm.OP_SETTLE, body)) == (9, pm.OP_SETTLE, body)
+    answer = {"results": [{"status": "not_found", "message": "gone"}, {"status": "ok"}]}
+    assert decode_response(encode_response(9, "ok", answer)) == (9, "ok", answer)
+
+
 # -- fuzzing: only typed errors ------------------------------------------------------
 
 _values = st.recursive(

@@ -82,6 +82,7 @@ async def test_server_info_carries_every_documented_field(server_factory):
         "max_reserve_queues": int,
         "max_wait_timeout_ms": int,
         "max_lease_duration_ms": int,
+        "max_settle_batch": int,
         "strict_queues": bool,
         "dead_letter_retention_enabled": bool,
         "dead_letter_retention_ms": int,
