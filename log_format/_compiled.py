@@ -3,13 +3,16 @@ build a process is running, and the guards that keep a stale build from running.
 
 Owns: `COMPILED_MODULES` (the replay and request hot paths: the modules
 `python -m tools.compile` compiles with mypyc into extension modules next to their
-sources), `PURE_ENV`, `guard(package)`, `build_name()` and `build_env(build)`.
+sources; a wheel built by `python -m build` carries them compiled, see
+build_backend/sepp_build.py), `PURE_ENV`, `WHEEL_BUILD_FILE`, `guard(package)`,
+`build_name()` and `build_env(build)`.
 
 Promises: a compiled module is only ever loaded when it was built from the source
 beside it. `guard(package)` — called by `log_format/__init__.py` and
 `sepp/__init__.py` before they import anything else — raises `StaleBuildError` when
 an extension module is older than its `.py` (the source changed after the build:
-the extension would run old code), and with `SEPP_PURE=1` in the environment it
+the extension would run old code; not in an installed wheel, whose extension modules
+were built with its sources), and with `SEPP_PURE=1` in the environment it
 makes the package's compiled modules load from their `.py` sources instead, so the
 same checkout can run both builds (the benchmarks compare them that way).
 
@@ -60,6 +63,12 @@ SHARED_LIBRARY = "sepp._native__mypyc"
 GROUP_NAME = "sepp._native"
 
 PURE_ENV = "SEPP_PURE"
+
+# A wheel (build_backend/sepp_build.py) carries this file in log_format, naming its
+# build ("compiled" or "pure"). Its extension modules were built with the sources
+# beside them, and an installer writes files in any order with fresh modification
+# times, so the guard does not compare them there.
+WHEEL_BUILD_FILE = "_wheel_build.txt"
 
 
 class StaleBuildError(ImportError):
@@ -142,6 +151,8 @@ def guard(package: str, package_dir: str) -> None:
     if _pure_requested():
         sys.meta_path.insert(0, _SourceFirst(sources))
         return
+    if installed_wheel_build(os.path.dirname(package_dir)) is not None:
+        return
     for name, source in sources.items():
         stale = stale_extensions(source)
         if stale:
@@ -152,6 +163,16 @@ def guard(package: str, package_dir: str) -> None:
                 f"(python -m tools.compile --clean) or set {PURE_ENV}=1 to run "
                 f"the sources ({name})"
             )
+
+
+def installed_wheel_build(root: str) -> str | None:
+    """The build named by the wheel installed at `root` (the directory holding
+    `log_format`), or None where no wheel was installed (a checkout)."""
+    try:
+        with open(os.path.join(root, "log_format", WHEEL_BUILD_FILE), encoding="utf-8") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 def loaded_build() -> dict[str, str]:

@@ -19,8 +19,10 @@ import pytest
 from log_format._compiled import (
     COMPILED_MODULES,
     PURE_ENV,
+    WHEEL_BUILD_FILE,
     StaleBuildError,
     guard,
+    installed_wheel_build,
     loaded_build,
     running_build,
 )
@@ -56,6 +58,21 @@ def test_an_extension_built_after_its_source_passes_the_guard(
     monkeypatch.delenv(PURE_ENV, raising=False)
     package = _fake_package(tmp_path, source_mtime=1_000_000, extension_mtime=2_000_000)
     guard("sepp", str(package))  # no exception: a fresh build may load
+
+
+def test_an_installed_wheel_loads_its_extensions_whatever_their_modification_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An installer writes a wheel's files in archive order with fresh times: an
+    # extension module lands before its `.py` (apply.cpython-*.so sorts before
+    # apply.py). The wheel's build file says they were built together.
+    monkeypatch.delenv(PURE_ENV, raising=False)
+    package = _fake_package(tmp_path, source_mtime=2_000_000, extension_mtime=1_000_000)
+    (tmp_path / "log_format").mkdir()
+    (tmp_path / "log_format" / WHEEL_BUILD_FILE).write_text("compiled\n")
+    guard("sepp", str(package))  # no exception
+    assert installed_wheel_build(str(tmp_path)) == "compiled"
+    assert installed_wheel_build(str(REPO)) is None  # a checkout
 
 
 def test_pure_mode_loads_the_source_even_when_an_extension_exists(

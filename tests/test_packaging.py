@@ -11,6 +11,7 @@ both names. The `dev` extra declares setuptools, which tools/compile.py needs.
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from log_format._compiled import WHEEL_BUILD_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 INSTALLED_TOOLS = "sepp_tools"
@@ -103,7 +106,8 @@ def test_the_built_wheel_holds_sepp_log_format_and_sepp_tools_only(tmp_path: Pat
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
     for folder in ("sepp", "log_format", "tools"):
         shutil.copytree(REPO / folder, source / folder, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    shutil.copytree(REPO / "build_backend", source / "build_backend", ignore=ignore)
+    for name in ("pyproject.toml", "README.md", "setup.py", "MANIFEST.in"):
         shutil.copy(REPO / name, source / name)
     wheels = tmp_path / "wheels"
     offline = ["--no-deps", "--no-build-isolation", "--no-index"]
@@ -112,11 +116,16 @@ def test_the_built_wheel_holds_sepp_log_format_and_sepp_tools_only(tmp_path: Pat
         capture_output=True,
         text=True,
         timeout=300,
+        # A pure wheel: compiling takes half a minute (.ci/run builds the compiled
+        # one and smoke-tests it; tests/test_release_build.py checks its setup).
+        env={**os.environ, "SEPP_PURE": "1"},
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = wheels.glob("sepp-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
+        assert archive.read(f"log_format/{WHEEL_BUILD_FILE}") == b"pure\n"
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = archive.read(entry_points).decode()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
