@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import ast
 import os
-import sys
 import tempfile
 import warnings
 from typing import Any
