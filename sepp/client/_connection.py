@@ -22,6 +22,12 @@ Promises:
   parked reserve nobody waits for is never handed a job; `withdraw_pending`
   does the same for every such request before a close.
 
+The request path costs one future and one dict entry per request: no task,
+no timer and no ``wait_for`` of its own. One deadline timer per connection
+(`_sweep`) is armed at the earliest deadline of the pending requests and fails
+the ones past theirs when it fires; `send` starts a request without a
+coroutine (the client's coalescers use it), `request` starts one and waits.
+
 Framing and encoding are `sepp.protocol`'s; this module only moves bytes.
 Reconnecting is the client's job: a closed `Connection` stays closed.
 
@@ -66,6 +72,12 @@ logger = logging.getLogger("sepp.client")
 DEFAULT_PORT = 7463
 # How much the reader asks the socket for at a time.
 READ_CHUNK_BYTES = 256 * 1024
+# A request waits for the socket to take what is buffered only when more than
+# this is waiting to be written (asyncio's own high-water mark is 64 KiB).
+WRITE_BUFFER_WAIT_BYTES = 64 * 1024
+# The deadline sweep treats a request due within this many seconds as due (the
+# loop may run a timer up to its clock resolution early).
+DEADLINE_SLACK_S = 0.001
 
 OrphanHandler = Callable[[Response], None]
 
@@ -91,6 +103,11 @@ class Handshake:
     server_time_ms: int
     max_message_bytes: int
     auth_required: bool
+    # Batch limits the server advertises (None from a server that does not):
+    # the client coalesces enqueues, and acks/nacks/extends into `settle`
+    # (PROTOCOL.md 5.13), only up to these, and not at all without them.
+    max_enqueue_batch: int | None = None
+    max_settle_batch: int | None = None
 
 
 def parse_address(address: str) -> tuple[str, int, bool]:
@@ -133,12 +150,26 @@ def _handshake_from(body: dict[str, Any]) -> Handshake:
             server_time_ms=int(body.get("server_time_ms", 0)),
             max_message_bytes=frame_max,
             auth_required=bool(body.get("auth_required", False)),
+            max_enqueue_batch=_batch_limit(body.get("max_enqueue_batch")),
+            max_settle_batch=_batch_limit(body.get("max_settle_batch")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedResponseError(f"malformed hello answer: {exc}") from exc
     if type(protocol) is not int or type(frame_max) is not int or frame_max < 1:
         raise MalformedResponseError("malformed hello answer: protocol or limit is not an int")
     return handshake
+
+
+def _batch_limit(value: Any) -> int | None:
+    return value if type(value) is int and value >= 1 else None
+
+
+# A pending request: its op, its future, its deadline (loop time, None for none),
+# its timeout in seconds (for the message), its orphan handler, and whether it
+# is withdrawable.
+_Pending = tuple[
+    str, "asyncio.Future[Response]", float | None, float | None, OrphanHandler | None, bool
+]
 
 
 class Connection:
@@ -155,8 +186,13 @@ class Connection:
         self.endpoint = endpoint
         self._reader = reader
         self._writer = writer
+        self._transport = writer.transport
+        self._loop = asyncio.get_running_loop()
         self._frames = FrameReader(receive_bytes_max)
-        self._pending: dict[int, tuple[str, asyncio.Future[Response]]] = {}
+        self._pending: dict[int, _Pending] = {}
+        # The deadline sweep: its timer and the loop time it is armed for.
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._orphans: dict[int, OrphanHandler] = {}
         # Pending withdrawable requests (long-polling reserves) and their orphan
         # handlers, for `withdraw_pending`.
@@ -242,6 +278,62 @@ class Connection:
     def in_flight(self) -> int:
         return len(self._pending)
 
+    def send(
+        self,
+        op: str,
+        body: dict[str, Any],
+        *,
+        timeout: float | None,
+        on_orphan: OrphanHandler | None = None,
+        withdrawable: bool = False,
+    ) -> tuple[int, asyncio.Future[Response]]:
+        """Send one request without waiting; returns its id and the future of its
+        response (any status), which fails with `TransportError` at the deadline
+        (`timeout` seconds, None for none) or with the error that ended the
+        connection. Raises `TransportError` on a closed connection and
+        `MessageTooLargeError` for a request over the frame limit (nothing is
+        sent). A caller that stops waiting must call `abandon`."""
+        if self._closed:
+            raise TransportError(f"{op}: the connection is closed")
+        request_id = self._next_id
+        self._next_id = 1 if request_id >= REQUEST_ID_MAX else request_id + 1
+        data = encode_request(request_id, op, body)
+        if len(data) > self.max_message_bytes:
+            raise MessageTooLargeError(
+                f"{op} request of {len(data)} bytes is over the server's frame limit "
+                f"of {self.max_message_bytes} bytes",
+                size=len(data),
+                limit=self.max_message_bytes,
+            )
+        loop = self._loop
+        future: asyncio.Future[Response] = loop.create_future()
+        if timeout is None:
+            deadline = None
+        else:
+            deadline = loop.time() + timeout
+            if self._timer is None or deadline < self._timer_at:
+                self._arm(deadline)
+        self._pending[request_id] = (op, future, deadline, timeout, on_orphan, withdrawable)
+        if withdrawable:
+            self._withdrawable[request_id] = on_orphan
+        self._transport.write(encode_frame(data))
+        return request_id, future
+
+    @property
+    def congested(self) -> bool:
+        """More than WRITE_BUFFER_WAIT_BYTES wait to be written: callers should
+        `wait_writable` before adding more."""
+        return self._transport.get_write_buffer_size() > WRITE_BUFFER_WAIT_BYTES
+
+    async def wait_writable(self, timeout: float | None) -> None:
+        """Wait (at most `timeout` seconds) until the socket takes what is
+        buffered; a failure here shows in the pending requests' outcomes."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._writer.drain()
+        except (TimeoutError, OSError, RuntimeError):
+            return
+
     async def request(
         self,
         op: str,
@@ -259,62 +351,45 @@ class Connection:
         (a long poll) that the caller gives up on is also withdrawn on the
         server, which then answers it empty unless its answer had already left.
         """
-        if self._closed:
-            raise TransportError(f"{op}: the connection is closed")
-        request_id = self._take_id()
-        data = encode_request(request_id, op, body)
-        if len(data) > self.max_message_bytes:
-            raise MessageTooLargeError(
-                f"{op} request of {len(data)} bytes is over the server's frame limit "
-                f"of {self.max_message_bytes} bytes",
-                size=len(data),
-                limit=self.max_message_bytes,
-            )
-        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (op, future)
-        if withdrawable:
-            self._withdrawable[request_id] = on_orphan
+        request_id, future = self.send(
+            op, body, timeout=timeout, on_orphan=on_orphan, withdrawable=withdrawable
+        )
         try:
-            async with asyncio.timeout(timeout):
-                self._writer.write(encode_frame(data))
-                await self._writer.drain()
-                return await future
-        except TimeoutError:
-            self._abandon(request_id, future, on_orphan, withdrawable)
-            raise TransportError(
-                f"{op}: no answer within {timeout} s", code=DEADLINE_EXCEEDED
-            ) from None
+            if self._transport.get_write_buffer_size() > WRITE_BUFFER_WAIT_BYTES:
+                await self.wait_writable(timeout)
+            return await future
         except asyncio.CancelledError:
-            self._abandon(request_id, future, on_orphan, withdrawable)
+            self.abandon(request_id, future, on_orphan)
             raise
-        except OSError as exc:
-            # Writing failed: the reader will see the end of the stream too.
-            raise TransportError(f"{op}: sending failed: {exc}") from exc
-        finally:
-            self._pending.pop(request_id, None)
-            self._withdrawable.pop(request_id, None)
 
     def _take_id(self) -> int:
         request_id = self._next_id
         self._next_id = 1 if request_id >= REQUEST_ID_MAX else request_id + 1
         return request_id
 
-    def _abandon(
+    def abandon(
         self,
         request_id: int,
         future: asyncio.Future[Response],
-        on_orphan: OrphanHandler | None,
-        withdrawable: bool = False,
+        on_orphan: OrphanHandler | None = None,
     ) -> None:
-        self._pending.pop(request_id, None)
+        """The caller of request `request_id` stopped waiting (cancelled): a late
+        answer goes to its orphan handler, and a withdrawable request is
+        withdrawn on the server."""
+        entry = self._pending.pop(request_id, None)
         self._withdrawable.pop(request_id, None)
         if future.done() and not future.cancelled():
             # Answered (or failed) in the same step as the caller gave up.
             if future.exception() is None and on_orphan is not None:
                 _run_orphan_handler(on_orphan, future.result())
             return
+        if entry is None:
+            return  # failed with the connection, or past its deadline (handled there)
         # Not answered yet (cancelling the caller cancels the future it awaits).
         future.cancel()
+        self._orphan(request_id, on_orphan, entry[5])
+
+    def _orphan(self, request_id: int, on_orphan: OrphanHandler | None, withdrawable: bool) -> None:
         if self._closed:
             return
         if on_orphan is not None:
@@ -323,6 +398,43 @@ class Connection:
             # Tell the server at once, so that it never hands this long poll a
             # job (an abandoned reserve's job would burn an attempt otherwise).
             self._send_withdraw(request_id)
+
+    # -- deadlines -------------------------------------------------------------------------
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        """The deadline timer: fail every pending request past its deadline (its
+        orphan handler keeps a late answer, a long poll is withdrawn), then arm
+        the timer for the earliest deadline left."""
+        self._timer = None
+        if self._closed:
+            return
+        now = self._loop.time() + DEADLINE_SLACK_S
+        expired: list[int] = []
+        earliest: float | None = None
+        for request_id, entry in self._pending.items():
+            deadline = entry[2]
+            if deadline is None:
+                continue
+            if deadline <= now:
+                expired.append(request_id)
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        for request_id in expired:
+            op, future, _, timeout, on_orphan, withdrawable = self._pending.pop(request_id)
+            self._withdrawable.pop(request_id, None)
+            if not future.done():
+                future.set_exception(
+                    TransportError(f"{op}: no answer within {timeout} s", code=DEADLINE_EXCEEDED)
+                )
+            self._orphan(request_id, on_orphan, withdrawable)
+        if earliest is not None:
+            self._arm(earliest)
 
     def _send_withdraw(self, request_id: int) -> None:
         """Withdraw the parked request `request_id` (PROTOCOL.md §5.12), without
@@ -412,8 +524,10 @@ class Connection:
 
     def _dispatch(self, response: Response) -> None:
         request_id = response.id
-        entry = self._pending.get(request_id)
+        entry = self._pending.pop(request_id, None)
         if entry is not None:
+            if entry[5]:
+                self._withdrawable.pop(request_id, None)
             future = entry[1]
             if not future.done():
                 future.set_result(response)
@@ -447,6 +561,9 @@ class Connection:
         if self._failure is None:
             self._failure = failure
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         pending = list(self._pending.values())
         self._pending.clear()
         self._orphans.clear()
@@ -454,7 +571,8 @@ class Connection:
         settling = self._settling
         if settling is not None and not settling[1].done():
             settling[1].set_result(None)
-        for _, future in pending:
+        for entry in pending:
+            future = entry[1]
             if not future.done():
                 future.set_exception(self._failure())
 
@@ -465,6 +583,9 @@ class Connection:
         if self._failure is None:
             self._failure = ClientClosedError
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._reader_task.cancel()
         await asyncio.gather(self._reader_task, return_exceptions=True)
         self._writer.close()

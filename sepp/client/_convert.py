@@ -240,10 +240,73 @@ def _priority(raw: Mapping[str, Any]) -> Priority:
         raise JobConversionError(f"job priority {value} is outside 0..9") from exc
 
 
+# The ten priorities, made once (a delivered job reuses them).
+_PRIORITIES: dict[int, Priority] = {value: Priority(value) for value in range(10)}
+# The last millisecond a datetime can hold.
+_DATETIME_MS_MAX = (datetime.max.replace(tzinfo=UTC) - EPOCH) // ONE_MS
+
+
 def job_from_wire(
     raw: Any, make_lease: Callable[[str, int, datetime], Lease | None] | None = None
 ) -> Job:
     """A delivered job map of a reserve answer (PROTOCOL.md §5.2)."""
+    if type(raw) is dict:
+        # The usual job, every field as a server sends it, read in one pass; any
+        # doubt goes to the field-by-field reading below, which names the field.
+        get = raw.get
+        job_id = get("id")
+        job_type = get("job_type")
+        queue = get("queue")
+        attempt = get("attempt")
+        max_attempts = get("max_attempts")
+        priority = get("priority")
+        lease_ms = get("lease_expires_at_ms")
+        enqueued_ms = get("enqueued_at_ms")
+        scheduled_ms = get("scheduled_at_ms")
+        payload = get("payload")
+        if (
+            type(job_id) is str
+            and job_id
+            and type(job_type) is str
+            and job_type
+            and type(queue) is str
+            and type(attempt) is int
+            and type(max_attempts) is int
+            and type(priority) is int
+            and 0 <= priority <= 9
+            and type(lease_ms) is int
+            and 0 <= lease_ms <= _DATETIME_MS_MAX
+            and type(enqueued_ms) is int
+            and 0 <= enqueued_ms <= _DATETIME_MS_MAX
+            and (
+                scheduled_ms is None or (type(scheduled_ms) is int and scheduled_ms <= enqueued_ms)
+            )
+            and (
+                payload is None
+                or (
+                    type(payload) is dict
+                    and type(payload.get("data")) is bytes
+                    and type(payload.get("encoding")) is str
+                )
+            )
+        ):
+            lease_expires_at = EPOCH + timedelta(milliseconds=lease_ms)
+            ctx = JobCtx(
+                job_id,
+                queue,
+                job_type,
+                _PRIORITIES[priority],
+                attempt,
+                max_attempts,
+                EPOCH + timedelta(milliseconds=enqueued_ms),
+                _custom(raw),
+                None if get("trace_context") is None else _trace(raw),
+                lease_expires_at,
+                None,
+            )
+            if make_lease is not None:
+                ctx._lease = make_lease(job_id, attempt, lease_expires_at)
+            return Job(None if payload is None else _payload(raw), ctx)
     if not isinstance(raw, dict):
         raise JobConversionError("a job must be a map")
     job_id = _field(raw, "id", str, "job")

@@ -93,15 +93,21 @@ def span_context(traceparent: str, tracestate: str | None) -> Any:
     return found if found.is_valid else None
 
 
-@contextlib.contextmanager
-def client_span(name: str) -> Iterator[None]:
-    """A CLIENT span around one call to the server."""
+# What `client_span` returns without OpenTelemetry: one shared no-op context
+# manager, so a call pays no generator and no context-manager object for it.
+_NO_SPAN: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+
+
+def client_span(name: str) -> contextlib.AbstractContextManager[Any]:
+    """A CLIENT span around one call to the server (a shared no-op without
+    OpenTelemetry)."""
     otel = api()
     if otel is None:
-        yield
-        return
-    with otel.tracer.start_as_current_span(name, kind=otel.trace.SpanKind.CLIENT):
-        yield
+        return _NO_SPAN
+    span: contextlib.AbstractContextManager[Any] = otel.tracer.start_as_current_span(
+        name, kind=otel.trace.SpanKind.CLIENT
+    )
+    return span
 
 
 @contextlib.contextmanager

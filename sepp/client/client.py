@@ -14,6 +14,13 @@ Promises:
 * retries (opt-in, see `RetryPolicy`) only of transient failures and only of
   calls that are safe to repeat: never a reserve or a drain, never an enqueue
   unless every job has an idempotency key;
+* concurrent single-job `enqueue` calls made in the same event-loop moment go
+  to the server as one best-effort ``enqueue`` batch, and acks, nacks and
+  extends as one ``settle`` (PROTOCOL.md §5.13), when the server advertises its
+  batch limits; each caller still gets its own result or its own typed error,
+  is retried (per its `RetryPolicy`) on its own, and waits no longer than it
+  would alone (the batch leaves at the loop's next turn; `enqueue_linger` is
+  an opt-in wait for more);
 * a reserve whose caller stopped waiting (cancelled, or its deadline passed)
   never consumes an attempt: it is withdrawn on the server at once (PROTOCOL.md
   §5.12), and if its answer had already left with jobs they are *released*
@@ -37,6 +44,7 @@ from typing import Any, ClassVar
 
 from sepp._version import __version__
 from sepp.client import _convert, _otel
+from sepp.client._coalesce import Call, Coalescer
 from sepp.client._connection import Connection, Endpoint, OrphanHandler, parse_address
 from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
 from sepp.client.errors import (
@@ -51,6 +59,7 @@ from sepp.client.errors import (
     JobValidationError,
     MalformedResponseError,
     MalformedServerInfoError,
+    MessageTooLargeError,
     SeppError,
     ServerInfoError,
     UndecodableDeadLetterError,
@@ -83,6 +92,7 @@ from sepp.protocol.messages import (
     OP_RELEASE,
     OP_RESERVE,
     OP_SERVER_INFO,
+    OP_SETTLE,
     RETRY_DEAD_LETTER,
     RETRY_DEFAULT,
     RETRY_DELAY,
@@ -109,6 +119,18 @@ DEFAULT_RECEIVE_BYTES_MAX = 512 * 1024 * 1024
 # How long `close` waits for the server to answer the reserves it withdraws, and
 # then for the releases of any jobs those answers still carried.
 CLOSE_WITHDRAW_TIMEOUT = timedelta(seconds=2)
+
+# The longest `enqueue_linger` a client accepts: a linger only trades latency
+# for larger batches, and past this it costs more than a batch saves.
+ENQUEUE_LINGER_MAX = timedelta(milliseconds=100)
+# Lower estimates of an encoded job map (beyond its payload) and lease item, and
+# the room kept for a batch request's envelope, when coalesced calls are cut into
+# frames; a batch the estimate let through that is still over the frame limit
+# is halved until it fits (`MessageTooLargeError` only for a call that does not
+# fit alone, as it would alone).
+ENQUEUE_ITEM_BYTES_MIN = 64
+SETTLE_ITEM_BYTES_MIN = 48
+BATCH_ENVELOPE_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -232,7 +254,15 @@ class SeppClient:
         rpc_timeout: timedelta = DEFAULT_RPC_TIMEOUT,
         max_receive_message_bytes: int | None = None,
         client_name: str = CLIENT_NAME,
+        enqueue_linger: timedelta = timedelta(0),
     ) -> None:
+        if not isinstance(enqueue_linger, timedelta) or not (
+            timedelta(0) <= enqueue_linger <= ENQUEUE_LINGER_MAX
+        ):
+            raise ValueError(
+                f"enqueue_linger must be a timedelta from 0 to {ENQUEUE_LINGER_MAX}, "
+                f"got {enqueue_linger!r:.80}"
+            )
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise InvalidApiKeyError()
         host, port, scheme_tls = parse_address(addr)
@@ -253,6 +283,10 @@ class SeppClient:
         self._background: set[asyncio.Task[None]] = set()
         # How many connections this client opened (the first one included).
         self.connections_opened = 0
+        self._enqueue_linger_s = enqueue_linger.total_seconds()
+        # Made on first use, on the loop the client runs on.
+        self._enqueues: Coalescer | None = None
+        self._settles: Coalescer | None = None
 
     @classmethod
     async def connect(
@@ -269,6 +303,7 @@ class SeppClient:
         rpc_timeout: timedelta = DEFAULT_RPC_TIMEOUT,
         max_receive_message_bytes: int | None = None,
         client_name: str = CLIENT_NAME,
+        enqueue_linger: timedelta = timedelta(0),
     ) -> SeppClient:
         """Connect to the server at `addr` and complete the handshake.
 
@@ -282,6 +317,11 @@ class SeppClient:
         wait plus 10 s); `connect_timeout` bounds connecting plus ``hello``.
         `max_receive_message_bytes` caps one response frame (512 MiB by
         default). `client_name` is sent in ``hello`` for the server's logs.
+
+        Concurrent single-job `enqueue` calls are sent together at the loop's
+        next turn; `enqueue_linger` (default 0, at most 100 ms) makes the client
+        wait up to that long for more before sending (a batch that fills up
+        leaves at once): more jobs per request, at that much latency.
 
         Raises `ConnectError` when the server cannot be reached or does not
         complete the handshake in time, `UnsupportedProtocolError` when it
@@ -300,6 +340,7 @@ class SeppClient:
             rpc_timeout=rpc_timeout,
             max_receive_message_bytes=max_receive_message_bytes,
             client_name=client_name,
+            enqueue_linger=enqueue_linger,
         )
         await client._ensure_connection()
         logger.info("connected to sepp server %s (tls=%s)", addr, client._endpoint.ssl is not None)
@@ -379,41 +420,232 @@ class SeppClient:
         timeout: float | None = None,
         on_orphan: OrphanHandler | None = None,
         withdrawable: bool = False,
+        failed: SeppError | None = None,
     ) -> dict[str, Any]:
         """Send `op` and return the body of its ``ok`` answer, raising the
         mapped error otherwise; retry transient failures if `retry_safe` and
-        the policy allows."""
+        the policy allows. `failed`: the first attempt was already made (as
+        part of a coalesced request) and failed so."""
         policy = self._retry_policy
-        delays = backoff_delays(policy)
+        delays = None
         attempt = 1
         while True:
-            try:
-                connection = await self._ensure_connection()
-                response = await connection.request(
-                    op,
-                    body,
-                    timeout=self._rpc_timeout if timeout is None else timeout,
-                    on_orphan=on_orphan,
-                    withdrawable=withdrawable,
+            if failed is None:
+                try:
+                    connection = self._connection
+                    if connection is None or connection.closed or self._closed:
+                        connection = await self._ensure_connection()
+                    response = await connection.request(
+                        op,
+                        body,
+                        timeout=self._rpc_timeout if timeout is None else timeout,
+                        on_orphan=on_orphan,
+                        withdrawable=withdrawable,
+                    )
+                    if response.status == OK:
+                        return response.body
+                    raise error_from_response(op, response.status, response.body)
+                except SeppError as error:
+                    failed = error
+            if not retry_safe or attempt >= policy.max_attempts or not is_transient(failed):
+                raise failed
+            if delays is None:
+                delays = backoff_delays(policy)
+            delay = next(delays)
+            logger.warning(
+                "%s failed (%s: %s); retry %d of %d in %.3f s",
+                op,
+                type(failed).__name__,
+                failed,
+                attempt,
+                policy.max_attempts - 1,
+                delay,
+            )
+            failed = None
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    # -- coalescing ----------------------------------------------------------------------------
+
+    def _coalescing(self, settle: bool) -> Connection | None:
+        """The live connection, if calls of this kind can be coalesced on it (the
+        server advertised the batch limit), else None (send them alone)."""
+        connection = self._connection
+        if connection is None or connection.closed or self._closed:
+            return None
+        handshake = connection.handshake
+        if handshake is None:
+            return None
+        if (handshake.max_settle_batch if settle else handshake.max_enqueue_batch) is None:
+            return None
+        return connection
+
+    def _coalescer(self, settle: bool) -> Coalescer:
+        coalescer = self._settles if settle else self._enqueues
+        if coalescer is None:
+            loop = asyncio.get_running_loop()
+            handshake = self._connection.handshake if self._connection is not None else None
+            limit = (
+                (handshake.max_settle_batch if settle else handshake.max_enqueue_batch)
+                if handshake is not None
+                else None
+            )
+            if settle:
+                coalescer = self._settles = Coalescer(loop, self._send_coalesced, full=limit or 1)
+            else:
+                coalescer = self._enqueues = Coalescer(
+                    loop, self._send_coalesced, linger_s=self._enqueue_linger_s, full=limit or 1
                 )
-                if response.status == OK:
-                    return response.body
-                raise error_from_response(op, response.status, response.body)
-            except SeppError as error:
-                if not retry_safe or attempt >= policy.max_attempts or not is_transient(error):
-                    raise
-                delay = next(delays)
-                logger.warning(
-                    "%s failed (%s: %s); retry %d of %d in %.3f s",
-                    op,
-                    type(error).__name__,
-                    error,
-                    attempt,
-                    policy.max_attempts - 1,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                attempt += 1
+        return coalescer
+
+    async def _coalesced(
+        self, connection: Connection, op: str, wire: dict[str, Any], retry_safe: bool, size: int
+    ) -> dict[str, Any]:
+        """Make the single call `op` (its job map or lease body `wire`) as part of
+        the batch leaving at the loop's next turn; returns its own result (an
+        enqueue's result map, or the ``ok`` body of an ack/nack/extend)."""
+        if connection.congested:
+            await connection.wait_writable(self._rpc_timeout)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._coalescer(op != OP_ENQUEUE).submit(Call(op, wire, retry_safe, size, future))
+        return await future
+
+    def _send_coalesced(self, calls: list[Call]) -> None:
+        """Send coalesced calls of one kind, in order, in as few requests as the
+        server's batch limit and frame limit allow."""
+        connection = self._connection
+        if connection is None or connection.closed or self._closed:
+            for call in calls:
+                self._retry_alone(call, None)
+            return
+        handshake = connection.handshake
+        assert handshake is not None
+        settle = calls[0].op != OP_ENQUEUE
+        limit = (handshake.max_settle_batch if settle else handshake.max_enqueue_batch) or 1
+        self._coalescer(settle).full = limit
+        budget = connection.max_message_bytes - BATCH_ENVELOPE_BYTES
+        chunk: list[Call] = []
+        size = 0
+        for call in calls:
+            if chunk and (len(chunk) >= limit or size + call.size > budget):
+                self._send_chunk(connection, chunk)
+                chunk, size = [], 0
+            chunk.append(call)
+            size += call.size
+        self._send_chunk(connection, chunk)
+
+    def _send_chunk(self, connection: Connection, chunk: list[Call]) -> None:
+        first = chunk[0]
+        if len(chunk) == 1:
+            # Alone: the single operation itself, exactly as an uncoalesced call.
+            op = first.op
+            first.wire.pop("kind", None)
+            body = {"jobs": [first.wire]} if op == OP_ENQUEUE else first.wire
+        elif first.op == OP_ENQUEUE:
+            op = OP_ENQUEUE
+            body = {"jobs": [call.wire for call in chunk]}
+        else:
+            op = OP_SETTLE
+            items = []
+            for call in chunk:
+                item = call.wire
+                item["kind"] = call.op
+                items.append(item)
+            body = {"items": items}
+        try:
+            _, future = connection.send(op, body, timeout=self._rpc_timeout)
+        except MessageTooLargeError as error:
+            if len(chunk) == 1:
+                self._fail(first, error)
+                return
+            half = len(chunk) // 2
+            self._send_chunk(connection, chunk[:half])
+            self._send_chunk(connection, chunk[half:])
+            return
+        except SeppError as error:
+            for call in chunk:
+                self._fail(call, error)
+            return
+        future.add_done_callback(functools.partial(self._chunk_answered, chunk, op))
+
+    def _chunk_answered(self, chunk: list[Call], op: str, future: asyncio.Future[Response]) -> None:
+        """Hand each caller of a coalesced request its own outcome."""
+        if future.cancelled():
+            for call in chunk:
+                self._fail(call, ClientClosedError())
+            return
+        error = future.exception()
+        if error is not None:
+            for call in chunk:
+                self._fail(call, error if isinstance(error, SeppError) else SeppError(str(error)))
+            return
+        response = future.result()
+        status, body = response.status, response.body
+        if status != OK:
+            for call in chunk:
+                self._fail(call, error_from_response(call.op, status, body))
+            return
+        if op != OP_ENQUEUE and op != OP_SETTLE:
+            _deliver(chunk[0], body)
+            return
+        results = body.get("results")
+        if not isinstance(results, list) or len(results) != len(chunk):
+            failure: SeppError = (
+                MalformedResponseError(f"a {op} answer needs a 'results' array")
+                if not isinstance(results, list)
+                else BatchResultCountMismatchError(len(chunk), len(results))
+            )
+            for call in chunk:
+                self._fail(call, failure)
+            return
+        if op == OP_ENQUEUE:
+            for call, raw in zip(chunk, results, strict=True):
+                _deliver(call, raw)
+            return
+        for call, raw in zip(chunk, results, strict=True):
+            item_status = raw.get("status") if isinstance(raw, dict) else None
+            if item_status == OK:
+                _deliver(call, raw)
+            elif isinstance(item_status, str):
+                self._fail(call, error_from_response(call.op, item_status, raw))
+            else:
+                self._fail(call, MalformedResponseError("a settle result needs a 'status'"))
+
+    def _fail(self, call: Call, error: SeppError) -> None:
+        """A coalesced call failed with `error`: retried alone if it may be and
+        the policy allows, else the caller gets the error."""
+        if call.future.done():
+            return
+        if call.retry_safe and self._retry_policy.max_attempts > 1 and is_transient(error):
+            self._retry_alone(call, error)
+            return
+        call.future.set_exception(error)
+
+    def _retry_alone(self, call: Call, failed: SeppError | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._call_alone(call, failed))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _call_alone(self, call: Call, failed: SeppError | None) -> None:
+        """One coalesced call sent on its own (after its batch failed in a way
+        worth retrying, or when there was no connection to batch on)."""
+        call.wire.pop("kind", None)
+        enqueue = call.op == OP_ENQUEUE
+        body = {"jobs": [call.wire]} if enqueue else call.wire
+        future = call.future
+        try:
+            answer = await self._call(call.op, body, retry_safe=call.retry_safe, failed=failed)
+            result = self._results(answer, 1)[0] if enqueue else answer
+        except SeppError as error:
+            if not future.done():
+                future.set_exception(error)
+            return
+        except asyncio.CancelledError:
+            if not future.done():
+                future.set_exception(ClientClosedError())
+            raise
+        if not future.done():
+            future.set_result(result)
 
     # -- enqueue -------------------------------------------------------------------------------
 
@@ -482,15 +714,28 @@ class SeppClient:
 
     async def enqueue(self, job: EnqueueRequest) -> EnqueueAck:
         """Enqueue one job; raises `JobRejectedError` if the server refuses it."""
-        if not isinstance(job, EnqueueRequest):
+        if type(job) is not EnqueueRequest and not isinstance(job, EnqueueRequest):
             raise TypeError(
                 "enqueue takes an EnqueueRequest, e.g. EnqueueRequest('emails', "
                 f"'send_welcome'); got {type(job).__name__}"
             )
-        result = (await self.enqueue_batch([job]))[0]
-        if isinstance(result, JobRejection):
-            raise JobRejectedError(result)
-        return result
+        connection = self._coalescing(settle=False)
+        if connection is None:
+            result = (await self.enqueue_batch([job]))[0]
+            if isinstance(result, JobRejection):
+                raise JobRejectedError(result)
+            return result
+        # Joins the jobs other callers enqueue in the same moment (one frame).
+        with _otel.client_span("sepp.enqueue"):
+            wire = _convert.enqueue_job_to_wire(job, _otel.current_trace_headers())
+            payload = job.payload
+            size = ENQUEUE_ITEM_BYTES_MIN + (0 if payload is None else len(payload.data))
+            raw = await self._coalesced(
+                connection, OP_ENQUEUE, wire, job.idempotency_key is not None, size
+            )
+        if type(raw) is dict and "rejection" in raw:
+            raise JobRejectedError(rejection_from_wire(raw["rejection"]))
+        return self._ack_from_wire(raw)
 
     async def enqueue_atomic(self, jobs: Iterable[EnqueueRequest]) -> list[EnqueueAck]:
         """Enqueue jobs all-or-nothing.
@@ -661,7 +906,16 @@ class SeppClient:
         longer holds the lease.
         """
         with _otel.client_span("sepp.ack"):
-            await self._call(OP_ACK, self._lease_body(ctx), retry_safe=True)
+            await self._settle(OP_ACK, self._lease_body(ctx))
+
+    async def _settle(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An ack, nack or extend: joined with the others made in the same moment
+        into one ``settle`` (PROTOCOL.md 5.13) when the server has it; the same
+        answer and the same typed errors as the single operation."""
+        connection = self._coalescing(settle=True)
+        if connection is None:
+            return await self._call(op, body, retry_safe=True)
+        return await self._coalesced(connection, op, body, True, SETTLE_ITEM_BYTES_MIN)
 
     async def nack(
         self,
@@ -698,7 +952,7 @@ class SeppClient:
             # leave the job leased until its lease expires.
             body["reason"] = _convert.reason_within_limit(reason)
         with _otel.client_span("sepp.nack"):
-            answer = await self._call(OP_NACK, body, retry_safe=True)
+            answer = await self._settle(OP_NACK, body)
         dead_lettered = answer.get("dead_lettered")
         if not isinstance(dead_lettered, bool):
             raise MalformedResponseError("a nack answer needs a boolean 'dead_lettered'")
@@ -729,7 +983,7 @@ class SeppClient:
         if worker_id is not None:
             body["worker_id"] = worker_id
         with _otel.client_span("sepp.extend"):
-            answer = await self._call(OP_EXTEND, body, retry_safe=True)
+            answer = await self._settle(OP_EXTEND, body)
         expiry_ms = answer.get("lease_expires_at_ms")
         expiry = _convert.ms_to_datetime(expiry_ms) if type(expiry_ms) is int else None
         if expiry is None:
@@ -827,3 +1081,8 @@ class SeppClient:
             reason=reason if isinstance(reason, str) else None,
             damaged_history=tuple(damaged),
         )
+
+
+def _deliver(call: Call, result: Any) -> None:
+    if not call.future.done():
+        call.future.set_result(result)

@@ -337,6 +337,9 @@ class FakeServer:
         self.ssl = ssl
         self.max_message_bytes = max_message_bytes
         self.requests: list[Request] = []
+        # Extra fields of the hello answer (e.g. the batch limits a real server
+        # advertises, which turn on the client's coalescing).
+        self.hello_extra: dict[str, Any] = {}
         self.connections: list[FakeConnection] = []
         self.queue = FakeQueue(self)
         self.handlers: dict[str, Handler] = {
@@ -398,6 +401,7 @@ class FakeServer:
             "server_time_ms": now_ms(),
             "max_message_bytes": self.max_message_bytes,
             "auth_required": self.api_key is not None,
+            **self.hello_extra,
         }
 
     # -- lifecycle -------------------------------------------------------------------------

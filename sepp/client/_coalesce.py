@@ -1,0 +1,100 @@
+"""Coalescing: single calls of one kind issued in the same event-loop moment
+travel to the server as one request.
+
+Owns: `Call` (one caller's part of a coalesced request: its wire item, its
+future, whether it may be repeated, a size hint) and `Coalescer` (collects the
+calls of one kind and hands them to the client to send together).
+
+Promises:
+
+* no added latency when there is nothing to coalesce: the calls collected are
+  sent at the next turn of the event loop (``loop.call_soon``), never after a
+  timer, unless the client asked for a linger (then at most that long, and at
+  once when a batch is full);
+* a call whose caller stopped waiting before its batch left is left out;
+* order: the calls of one batch keep the order they were made in.
+
+What a batch is sent as, how it is cut (the server's batch limit, the frame
+limit) and how each caller gets its own outcome is the client's part
+(`SeppClient._send_coalesced`): this module only collects.
+
+Must not import: sepp.core, sepp.storage, sepp.server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Call", "Coalescer"]
+
+
+class Call:
+    """One caller's single call inside a coalesced request: `op` is the single
+    operation it stands for (``enqueue``, ``ack``, ``nack``, ``extend``), `wire`
+    its job map or lease body, `retry_safe` whether it may be sent again after
+    a transient failure, `size` a lower estimate of its encoded bytes."""
+
+    __slots__ = ("future", "op", "retry_safe", "size", "wire")
+
+    def __init__(
+        self,
+        op: str,
+        wire: dict[str, Any],
+        retry_safe: bool,
+        size: int,
+        future: asyncio.Future[dict[str, Any]],
+    ) -> None:
+        self.op = op
+        self.wire = wire
+        self.retry_safe = retry_safe
+        self.size = size
+        self.future = future
+
+
+class Coalescer:
+    """Collects the calls of one kind until the loop's next turn (or the linger),
+    then passes them, in order, to `send`."""
+
+    __slots__ = ("_calls", "_handle", "_linger_s", "_loop", "_send", "full")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        send: Callable[[list[Call]], None],
+        *,
+        linger_s: float = 0.0,
+        full: int = 256,
+    ) -> None:
+        self._loop = loop
+        self._send = send
+        self._linger_s = linger_s
+        # With a linger: this many calls waiting are sent at once (the client
+        # keeps it at the server's batch limit).
+        self.full = full
+        self._calls: list[Call] = []
+        self._handle: asyncio.Handle | None = None
+
+    def submit(self, call: Call) -> None:
+        calls = self._calls
+        calls.append(call)
+        if self._handle is None:
+            if self._linger_s > 0:
+                self._handle = self._loop.call_later(self._linger_s, self.flush)
+            else:
+                self._handle = self._loop.call_soon(self.flush)
+        elif self._linger_s > 0 and len(calls) >= self.full:
+            self.flush()
+
+    def flush(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.cancel()
+        calls, self._calls = self._calls, []
+        live = [call for call in calls if not call.future.done()]
+        if live:
+            self._send(live)
+
+    def __len__(self) -> int:
+        return len(self._calls)
