@@ -193,6 +193,37 @@ async def test_a_call_without_answer_fails_at_its_deadline(fake: FakeServer) -> 
         await client.close()
 
 
+async def test_many_pending_calls_share_one_deadline_timer_and_each_fails_at_its_own(
+    fake: FakeServer,
+) -> None:
+    async with fake:
+        fake.on("server_info", lambda conn, req: SILENT)
+        client = await SeppClient.connect(fake.address, rpc_timeout=timedelta(milliseconds=50))
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        call_at = loop.call_at
+
+        def counting_call_at(when: float, callback, *args):  # type: ignore[no-untyped-def]
+            armed.append(when)
+            return call_at(when, callback, *args)
+
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        try:
+            outcomes = await asyncio.gather(
+                *(client.get_server_info() for _ in range(20)), return_exceptions=True
+            )
+        finally:
+            loop.call_at = call_at  # type: ignore[method-assign]
+        assert all(
+            isinstance(o, TransportError) and o.code == "deadline_exceeded" for o in outcomes
+        ), outcomes
+        # Not a timer per call (asyncio.timeout / wait_for arm one each): the
+        # connection's sweep, armed at the first deadline, fails all twenty.
+        assert 1 <= len(armed) <= 2, armed
+        assert (await client.health()).serving
+        await client.close()
+
+
 async def test_a_reserve_deadline_is_its_wait_plus_ten_seconds(fake: FakeServer) -> None:
     async with fake:
         fake.on("reserve", lambda conn, req: SILENT)
