@@ -31,16 +31,17 @@ Must not import: sepp.core, sepp.storage, sepp.server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import inspect
 import logging
+import math
 import os
 import signal
 import socket
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -89,6 +90,13 @@ _T = TypeVar("_T")
 # not spin against the server.
 EARLY_EMPTY_THRESHOLD = timedelta(milliseconds=100)
 EARLY_EMPTY_BACKOFF = timedelta(milliseconds=250)
+EARLY_EMPTY_BACKOFF_S = EARLY_EMPTY_BACKOFF.total_seconds()
+# How many reserves a worker without `max_jobs` keeps outstanding: one asks for
+# every free slot, and while it is on the wire a second one may ask for the
+# slots freed meanwhile. With `max_jobs` set, every free slot may have a reserve
+# (up to `max_in_flight` of them, each for at most `max_jobs` jobs), so
+# `max_jobs=1` leases one job per reserve without one round trip per job.
+RESERVES_IN_FLIGHT_UNSET_MAX_JOBS = 2
 NO_HANDLER_REASON = "no handler registered for this job_type"
 # A job of a type without a handler (e.g. during a rolling deploy, before every
 # worker has the new code) is nacked with this delay, doubled per attempt up to
@@ -222,8 +230,32 @@ class WorkerMetrics:
         """A handler was cancelled because its job's lease was lost."""
 
 
-class _LeaseLost(Exception):
-    """Internal: the heartbeat decided the lease is gone."""
+# No span around a job when OpenTelemetry is not installed (a reusable no-op).
+_NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+class _ReleaseJob(Exception):
+    """Internal: the outcome of a job to hand back (release) instead of nacking."""
+
+
+_RELEASE = _ReleaseJob()
+
+
+class _Running:
+    """One job from its reserve to the end of its task: whether its handler is
+    done (its slot free), and the renewal of its lease."""
+
+    __slots__ = ("ctx", "due", "extending", "handler_done", "lost", "task")
+
+    def __init__(self, ctx: JobCtx) -> None:
+        self.ctx = ctx
+        self.task: asyncio.Task[None]
+        # Loop time the next extend is due; True while one is on the wire.
+        self.due = 0.0
+        self.extending = False
+        self.handler_done = False
+        # Why the lease was lost (then the handler was cancelled), or None.
+        self.lost: str | None = None
 
 
 def _default_worker_id() -> str:
@@ -387,12 +419,18 @@ class Worker:
         self._handlers: dict[str, _Registered] = {}
         self._catch_all_handler: _Registered | None = None
         self._max_in_flight = max(1, max_in_flight)
+        self._reserves_max = (
+            RESERVES_IN_FLIGHT_UNSET_MAX_JOBS if max_jobs is None else self._max_in_flight
+        )
+        self._early_empty_s = min(
+            EARLY_EMPTY_THRESHOLD, self._opts.wait_timeout / 2
+        ).total_seconds()
         self._reserve_error_backoff = reserve_error_backoff
         self._auto_extend = auto_extend or auto_extend_interval is not None
-        self._auto_extend_interval = (
+        self._auto_extend_interval_s = (
             None
             if auto_extend_interval is None
-            else max(auto_extend_interval, timedelta(milliseconds=1))
+            else max(auto_extend_interval, timedelta(milliseconds=1)).total_seconds()
         )
         self._no_handler_delay = max(no_handler_delay, timedelta(0))
         self._no_handler_warned: set[str] = set()
@@ -400,9 +438,29 @@ class Worker:
         self._no_handler_seen: OrderedDict[str, int] = OrderedDict()
         self._shutdown = ShutdownHandle()
         self._metrics = metrics if metrics is not None else WorkerMetrics()
+        # Handlers running now, and slots promised to reserves on the wire.
         self._in_flight = 0
+        self._asked = 0
         self._executor: ThreadPoolExecutor | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        # The task of each job (until its ack or nack is answered).
+        self._tasks: dict[asyncio.Task[None], _Running] = {}
+        # Each outstanding reserve's task, with the jobs it asked for.
+        self._reserving: dict[asyncio.Task[None], int] = {}
+        # The ReserveOptions of each size asked so far (at most max_in_flight).
+        self._options: dict[int, ReserveOptions] = {}
+        # Dead-lettering undecodable jobs, releasing surplus ones; extends.
+        self._background: set[asyncio.Task[Any]] = set()
+        self._extending: set[asyncio.Task[None]] = set()
+        # The jobs whose leases are renewed, and the one timer that does it.
+        self._kept: set[_Running] = set()
+        self._keeper: asyncio.TimerHandle | None = None
+        self._keeper_due = 0.0
+        self._loop: asyncio.AbstractEventLoop
+        # Set whenever a slot frees, a reserve ends or shutdown comes.
+        self._wake = asyncio.Event()
+        self._stop_error: ClientClosedError | None = None
+        # Loop time before which no reserve is sent (after a failure).
+        self._paused_until = 0.0
         self._signals_received = 0
 
     # -- configuration -------------------------------------------------------------------------
@@ -480,6 +538,11 @@ class Worker:
         once; either way without a traceback. The previous handlers are put
         back when `run` returns. Needs the main thread's event loop.
 
+        On shutdown the reserves still waiting are withdrawn (a job already on
+        its way to one is released, its attempt not counted), so nothing more is
+        leased to a stopping worker; running handlers finish and their jobs are
+        acked or nacked before `run` returns.
+
         Reserve failures are logged and retried after `reserve_error_backoff`;
         they never end the loop, except `ClientClosedError` (the client was
         closed), which `run` raises once running handlers are done. The final
@@ -491,34 +554,51 @@ class Worker:
         self._shutdown._bind(loop)
         self._signals_received = 0
         restore = self._install_signal_handlers(loop) if handle_signals else []
-        slots = asyncio.Semaphore(self._max_in_flight)
-        tasks = self._tasks
+        self._loop = loop
+        self._wake = asyncio.Event()
+        self._stop_error = None
+        self._paused_until = 0.0
+        watcher = loop.create_task(self._wake_on_shutdown())
         logger.info(
-            "worker %s started (max_in_flight=%d, auto_extend=%s)",
+            "worker %s started (max_in_flight=%d, max_jobs=%s, auto_extend=%s)",
             self.worker_id,
             self._max_in_flight,
+            self._opts.max_jobs,
             self._auto_extend,
         )
         try:
             try:
-                await self._reserve_loop(slots, tasks)
+                await self._reserve_loop()
             except asyncio.CancelledError:
+                tasks = [*self._reserving, *self._tasks, *self._background, *self._extending]
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-            except ClientClosedError:
+            finally:
+                watcher.cancel()
+            # Withdraw the reserves still waiting: a job the server had already
+            # put in one of their answers is released by the client, not run.
+            reserving = list(self._reserving)
+            for task in reserving:
+                task.cancel()
+            await asyncio.gather(*reserving, return_exceptions=True)
+            if self._stop_error is not None:
                 # Nothing can succeed on a closed client: stop instead of looping.
                 logger.error("worker %s: the client was closed; stopping", self.worker_id)
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+                await self._drain()
+                raise self._stop_error
             logger.info(
-                "worker %s stopping; waiting for %d running jobs", self.worker_id, len(tasks)
+                "worker %s stopping; waiting for %d running jobs", self.worker_id, len(self._tasks)
             )
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await self._drain()
             logger.info("worker %s stopped", self.worker_id)
         finally:
+            if self._keeper is not None:
+                self._keeper.cancel()
+                self._keeper = None
+            for task in list(self._extending):
+                task.cancel()
             for sig, previous in restore:
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, previous)
@@ -527,6 +607,16 @@ class Worker:
                 # Threads of handlers cancelled by a lost lease may still run:
                 # they finish on their own, nothing waits for them.
                 executor.shutdown(wait=False)
+
+    async def _drain(self) -> None:
+        """Wait for the running jobs (handlers, then their acks and nacks) and
+        for the dead-lettering of undecodable jobs."""
+        while self._tasks or self._background:
+            await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+
+    async def _wake_on_shutdown(self) -> None:
+        await self._shutdown.wait()
+        self._wake.set()
 
     def _install_signal_handlers(
         self, loop: asyncio.AbstractEventLoop
@@ -566,61 +656,101 @@ class Worker:
             len(self._tasks),
         )
         self._shutdown.shutdown()
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
 
-    async def _reserve_loop(self, slots: asyncio.Semaphore, tasks: set[asyncio.Task[None]]) -> None:
-        while not self._shutdown.is_shutdown:
-            # Hold one slot before asking: a reserve must have room for its jobs.
-            acquired, _ = await self._unless_shutdown(slots.acquire())
-            if not acquired:
-                return
-            opts = self._reserve_options()
-            started = time.monotonic()
-            try:
-                answered, jobs = await self._unless_shutdown(self._client.reserve(opts))
-            except ClientClosedError:
-                slots.release()
-                raise
-            except UndecodableJobError as exc:
-                # Jobs this client cannot decode are leased to us: dead-letter
-                # them with the reason now (never skip them, never let them burn
-                # their attempts on lease expiry); run the others as usual.
-                await self._dead_letter_undecodable(exc.undecodable)
-                answered, jobs = True, exc.jobs
-            except SeppError as exc:
-                slots.release()
-                self._metrics.record_reserve_failed()
-                logger.warning(
-                    "reserve failed: %s; retrying in %s", exc, self._reserve_error_backoff
-                )
-                waited, _ = await self._unless_shutdown(
-                    asyncio.sleep(self._reserve_error_backoff.total_seconds())
-                )
-                if not waited:
-                    return
+    async def _reserve_loop(self) -> None:
+        """Keep reserves outstanding for the free slots until shutdown.
+
+        A slot is free when it is neither running a handler nor promised to a
+        reserve still on the wire (`_asked`), so the jobs leased never outnumber
+        the slots that can start them at once: a leased job waiting for a slot
+        would burn its lease. Up to `_reserves_max` reserves are outstanding at
+        a time, each for ``min(free slots, max_jobs)`` jobs, so with
+        ``max_jobs=1`` a worker keeps one reserve per free slot in flight (the
+        connection pipelines them; the server parks each) instead of one round
+        trip per job, and a handler that finishes never waits for a reserve to
+        be sent. Nothing here waits for an ack: each job's task sends its own.
+        """
+        loop = self._loop
+        wake = self._wake
+        shutdown = self._shutdown
+        max_jobs = self._opts.max_jobs
+        while not shutdown.is_shutdown and self._stop_error is None:
+            pause = self._paused_until - loop.time()
+            if pause > 0:
+                # After a failed or early-empty reserve: no new reserve for a
+                # while (only shutdown, or the pause ending, resumes the loop).
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(pause):
+                        await wake.wait()
                 continue
-            if not answered:
-                slots.release()
-                return
-            if not jobs:
-                slots.release()
-                self._metrics.record_reserve_ok(empty=True)
-                elapsed = timedelta(seconds=time.monotonic() - started)
-                if elapsed < min(EARLY_EMPTY_THRESHOLD, opts.wait_timeout / 2):
-                    paused, _ = await self._unless_shutdown(
-                        asyncio.sleep(EARLY_EMPTY_BACKOFF.total_seconds())
-                    )
-                    if not paused:
-                        return
+            free = self._max_in_flight - self._in_flight - self._asked
+            if free <= 0 or len(self._reserving) >= self._reserves_max:
+                wake.clear()
+                await wake.wait()
                 continue
-            self._metrics.record_reserve_ok(empty=False)
-            # The first job takes the slot already held; the others were free
-            # when the reserve was sized, so these acquires do not wait.
-            self._start(jobs[0], slots, tasks)
-            for job in jobs[1:]:
-                await slots.acquire()
-                self._start(job, slots, tasks)
+            wanted = free if max_jobs is None or max_jobs > free else max_jobs
+            opts = self._options.get(wanted)
+            if opts is None:
+                opts = self._options[wanted] = dataclasses.replace(self._opts, max_jobs=wanted)
+            self._asked += wanted
+            task = loop.create_task(self._reserve(opts))
+            self._reserving[task] = wanted
+            task.add_done_callback(self._reserve_done)
+
+    def _pause_reserving(self, seconds: float) -> None:
+        self._paused_until = max(self._paused_until, self._loop.time() + seconds)
+        self._wake.set()
+
+    async def _reserve(self, opts: ReserveOptions) -> None:
+        """One reserve: start a handler for each job it leased."""
+        started = self._loop.time()
+        try:
+            jobs = await self._client.reserve(opts)
+        except ClientClosedError as exc:
+            self._stop_error = exc
+            return
+        except UndecodableJobError as exc:
+            # Jobs this client cannot decode are leased to us: dead-letter
+            # them with the reason now (never skip them, never let them burn
+            # their attempts on lease expiry); run the others as usual.
+            self._in_background(self._dead_letter_undecodable(exc.undecodable))
+            jobs = exc.jobs or None
+            if jobs is None:
+                return
+        except SeppError as exc:
+            self._metrics.record_reserve_failed()
+            logger.warning("reserve failed: %s; retrying in %s", exc, self._reserve_error_backoff)
+            self._pause_reserving(self._reserve_error_backoff.total_seconds())
+            return
+        if not jobs:
+            self._metrics.record_reserve_ok(True)
+            # An empty answer much sooner than its wait (a server that is
+            # shutting down answers at once): pause, so as not to spin.
+            if self._loop.time() - started < self._early_empty_s:
+                self._pause_reserving(EARLY_EMPTY_BACKOFF_S)
+            return
+        self._metrics.record_reserve_ok(False)
+        wanted = opts.max_jobs or 0
+        for job in jobs[:wanted]:
+            self._start(job)
+        for job in jobs[wanted:]:
+            # A server that sent more than asked: no slot for these.
+            logger.warning("the server leased more jobs than asked for; releasing %s", job.ctx.id)
+            self._in_background(self._release(job.ctx))
+
+    def _reserve_done(self, task: asyncio.Task[None]) -> None:
+        self._asked -= self._reserving.pop(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("reserve task crashed: %r", task.exception())
+
+    def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = self._loop.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _dead_letter_undecodable(self, undecodable: list[UndecodableJob]) -> None:
         for job in undecodable:
@@ -645,16 +775,10 @@ class Worker:
                     job.raw,
                 )
 
-    def _reserve_options(self) -> ReserveOptions:
-        free = max(1, self._max_in_flight - self._in_flight)
-        wanted = free if self._opts.max_jobs is None else min(self._opts.max_jobs, free)
-        return dataclasses.replace(self._opts, max_jobs=wanted)
-
     async def _unless_shutdown(self, awaitable: Coroutine[Any, Any, _T]) -> tuple[bool, _T | None]:
         """Run `awaitable` unless shutdown comes first: ``(True, result)`` if it
         finished (its exception propagates), ``(False, None)`` if shutdown won
-        and it was cancelled. When both finish together the result wins, so
-        jobs a reserve just leased are processed, not dropped."""
+        and it was cancelled."""
         work = asyncio.ensure_future(awaitable)
         stop = asyncio.ensure_future(self._shutdown.wait())
         try:
@@ -672,58 +796,80 @@ class Worker:
         await asyncio.gather(work, return_exceptions=True)
         return False, None
 
-    def _start(self, job: Job, slots: asyncio.Semaphore, tasks: set[asyncio.Task[None]]) -> None:
+    def _start(self, job: Job) -> None:
+        running = _Running(job.ctx)
         self._in_flight += 1
         self._metrics.record_in_flight_delta(1)
-        task = asyncio.get_running_loop().create_task(
-            self._process(job), name=f"sepp-job-{job.ctx.id}"
-        )
-        tasks.add(task)
+        task = self._loop.create_task(self._process(job, running))
+        running.task = task
+        self._tasks[task] = running
+        task.add_done_callback(self._job_done)
 
-        def finished(done: asyncio.Task[None]) -> None:
-            tasks.discard(done)
-            slots.release()
-            self._in_flight -= 1
-            self._metrics.record_in_flight_delta(-1)
-            if not done.cancelled() and done.exception() is not None:
-                logger.error("job task %s crashed: %r", job.ctx.id, done.exception())
+    def _handler_done(self, running: _Running) -> None:
+        """The job's handler finished (or never ran): its slot is free, before
+        its ack or nack is answered."""
+        if running.handler_done:
+            return
+        running.handler_done = True
+        self._kept.discard(running)
+        self._in_flight -= 1
+        self._metrics.record_in_flight_delta(-1)
+        self._wake.set()
 
-        task.add_done_callback(finished)
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self._handler_done(self._tasks.pop(task))
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("job task crashed: %r", task.exception())
 
     # -- one job ---------------------------------------------------------------------------------
 
-    async def _process(self, job: Job) -> None:
+    async def _process(self, job: Job, running: _Running) -> None:
         ctx = job.ctx
-        trace = ctx.trace_context
-        producer = None if trace is None else (trace.traceparent, trace.tracestate)
-        with _otel.consumer_span("sepp.process", producer):
+        if self._auto_extend and ctx._lease is not None:
+            self._keep(running)
+        span: contextlib.AbstractContextManager[None] = _NO_SPAN
+        if _otel.api() is not None:
+            trace = ctx.trace_context
+            producer = None if trace is None else (trace.traceparent, trace.tracestate)
+            span = _otel.consumer_span("sepp.process", producer)
+        with span:
             registered = self._handlers.get(ctx.job_type) or self._catch_all_handler
+            outcome: Exception | None
             try:
                 if registered is None:
-                    await self._no_handler(ctx)
-                    return
-                if self._auto_extend and ctx._lease is not None:
-                    try:
-                        outcome = await self._run_extending(registered, job, ctx._lease)
-                    except _LeaseLost as lost:
-                        self._metrics.record_lease_lost()
-                        logger.warning(
-                            "job %s (type %s, attempt %d): lease lost (%s); its handler was "
-                            "cancelled and the job will not be acked or nacked by this worker",
-                            ctx.id,
-                            ctx.job_type,
-                            ctx.attempt,
-                            lost,
-                        )
-                        return
+                    outcome = await self._no_handler(ctx)
                 else:
                     outcome = await self._run_handler(registered, job)
             except asyncio.CancelledError:
-                # run() was cancelled, or a second signal stopped it: the job
-                # did not finish here, so hand it back rather than leave it to
-                # its lease.
-                await self._release_unfinished(ctx)
-                raise
+                if running.lost is None:
+                    # run() was cancelled, or a second signal stopped it: the
+                    # job did not finish here, so hand it back rather than
+                    # leave it to its lease.
+                    self._handler_done(running)
+                    await self._release_unfinished(ctx)
+                    raise
+                # The lease keeper cancelled the handler: the lease is gone.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                outcome = None
+            self._handler_done(running)
+            # The keeper's verdict decides, even if the handler ignored the
+            # cancellation and finished: someone else may own the job now.
+            if running.lost is not None:
+                self._metrics.record_lease_lost()
+                logger.warning(
+                    "job %s (type %s, attempt %d): lease lost (%s); its handler was "
+                    "cancelled and the job will not be acked or nacked by this worker",
+                    ctx.id,
+                    ctx.job_type,
+                    ctx.attempt,
+                    running.lost,
+                )
+                return
+            if outcome is _RELEASE:
+                await self._release(ctx)
+                return
             await self._settle(ctx, outcome)
 
     async def _run_handler(self, registered: _Registered, job: Job) -> Exception | None:
@@ -751,60 +897,89 @@ class Worker:
             # async function): await it here, on the loop.
             await result
 
-    async def _run_extending(
-        self, registered: _Registered, job: Job, lease: Lease
-    ) -> Exception | None:
-        handler_task = asyncio.ensure_future(self._run_handler(registered, job))
-        lost: list[str] = []
-        heartbeat = asyncio.ensure_future(self._heartbeat(lease, handler_task, lost))
-        try:
-            outcome = await handler_task
-        except asyncio.CancelledError:
-            if not lost:
-                handler_task.cancel()
-                raise  # cancelled from outside (run() itself was cancelled)
-            outcome = None
-        finally:
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
-        # The heartbeat's verdict decides, even if the handler ignored the
-        # cancellation and finished: someone else may own the job now.
-        if lost:
-            raise _LeaseLost(lost[0])
-        return outcome
+    # -- leases ------------------------------------------------------------------------------------
+    #
+    # One timer for every running job instead of a heartbeat task (and its
+    # sleep) per job: `_kept` holds the jobs whose leases are renewed, each with
+    # the loop time its next extend is due; the timer fires at the earliest one,
+    # sends the extends that are due (each in its own task, so concurrent ones
+    # can share a frame) and sets itself for the next. A job leaves `_kept` when
+    # its handler finishes; a timer that finds no job due just re-arms, so a
+    # job costs one set insertion and removal, not a timer.
 
-    def _heartbeat_interval(self, lease: Lease) -> timedelta:
-        if self._auto_extend_interval is not None:
-            return self._auto_extend_interval
+    def _extend_delay_s(self, lease: Lease) -> float:
+        if self._auto_extend_interval_s is not None:
+            return self._auto_extend_interval_s
         # A third of what the server actually granted, which may be less than
         # we asked for (it clamps to its maximum without a word). Nothing left
         # means this client's clock runs ahead of the server's: then a third of
         # what we asked for (at most a second), not a tight loop of extends.
-        remaining = timedelta(milliseconds=lease.known_expiry_ms - _convert.now_ms())
-        if remaining <= timedelta(0):
-            return min(self._opts.lease_duration / 3, timedelta(seconds=1))
-        return max(remaining / 3, timedelta(milliseconds=1))
+        remaining_ms = lease.known_expiry_ms - _convert.now_ms()
+        if remaining_ms <= 0:
+            return min(self._opts.lease_duration.total_seconds() / 3, 1.0)
+        return max(remaining_ms / 3000, 0.001)
 
-    async def _heartbeat(
-        self, lease: Lease, handler_task: asyncio.Future[Any], lost: list[str]
-    ) -> None:
-        extend_by = self._opts.lease_duration
-        while True:
-            await asyncio.sleep(self._heartbeat_interval(lease).total_seconds())
-            try:
-                expiry = await lease.extend(extend_by)
-            except LeaseError as exc:
-                lost.append(f"extend refused: {exc}")
-            except SeppError as exc:
-                if _convert.now_ms() < lease.known_expiry_ms:
-                    logger.warning("extend failed (%s); the lease still holds, will retry", exc)
-                    continue
-                lost.append(f"extend failed ({exc}) and the lease has run out")
-            else:
-                logger.debug("lease extended to %s", expiry)
+    def _keep(self, running: _Running) -> None:
+        """Renew `running`'s lease until its handler finishes."""
+        lease = running.ctx._lease
+        assert lease is not None
+        due = self._loop.time() + self._extend_delay_s(lease)
+        running.due = due
+        self._kept.add(running)
+        if self._keeper is None or due < self._keeper_due:
+            self._arm_keeper(due)
+
+    def _arm_keeper(self, due: float) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+        self._keeper_due = due
+        self._keeper = self._loop.call_at(due, self._keeper_fired)
+
+    def _keeper_fired(self) -> None:
+        self._keeper = None
+        now = self._loop.time()
+        nearest = math.inf
+        for running in self._kept:
+            if running.extending:
                 continue
-            handler_task.cancel()
+            if running.due <= now:
+                running.extending = True
+                task = self._loop.create_task(self._extend(running))
+                self._extending.add(task)
+                task.add_done_callback(self._extending.discard)
+            elif running.due < nearest:
+                nearest = running.due
+        if nearest != math.inf:
+            self._arm_keeper(nearest)
+
+    async def _extend(self, running: _Running) -> None:
+        lease = running.ctx._lease
+        assert lease is not None
+        try:
+            expiry = await lease.extend(self._opts.lease_duration)
+        except LeaseError as exc:
+            lost = f"extend refused: {exc}"
+        except SeppError as exc:
+            if _convert.now_ms() < lease.known_expiry_ms:
+                logger.warning("extend failed (%s); the lease still holds, will retry", exc)
+                self._keep_again(running)
+                return
+            lost = f"extend failed ({exc}) and the lease has run out"
+        else:
+            logger.debug("lease extended to %s", expiry)
+            self._keep_again(running)
             return
+        running.extending = False
+        if running.handler_done:
+            # Finished meanwhile: its ack or nack meets the fencing error.
+            return
+        running.lost = lost
+        running.task.cancel()
+
+    def _keep_again(self, running: _Running) -> None:
+        running.extending = False
+        if not running.handler_done:
+            self._keep(running)
 
     # -- jobs nobody here can run ------------------------------------------------------------------
 
@@ -828,20 +1003,20 @@ class Worker:
             self._no_handler_backoff(ctx),
         )
 
-    async def _no_handler(self, ctx: JobCtx) -> None:
+    async def _no_handler(self, ctx: JobCtx) -> Exception:
         """Back off a job of a type without a handler: never burn its attempts
         in a burst, and on its last attempt do not dead-letter it when it can
-        be released instead."""
+        be released instead. Returns the nack to send, or `_RELEASE`."""
         self._warn_no_handler_once(ctx)
         if ctx.attempt < ctx.max_attempts:
             delay = self._no_handler_backoff(ctx)
             logger.info(
                 "job %s: no handler for job_type %r; retrying in %s", ctx.id, ctx.job_type, delay
             )
-            await self._settle(ctx, HandlerError.retry_after(NO_HANDLER_REASON, delay))
-            return
+            return HandlerError.retry_after(NO_HANDLER_REASON, delay)
         # The last attempt: a nack would dead-letter the job. Hold it for a
-        # while (its lease renewed), then release it without using the attempt.
+        # while (its lease renewed like a handler's), then release it without
+        # using the attempt.
         seen = self._no_handler_seen.pop(ctx.id, 0)
         self._no_handler_seen[ctx.id] = seen + 1
         while len(self._no_handler_seen) > NO_HANDLER_JOBS_REMEMBERED_MAX:
@@ -854,19 +1029,8 @@ class Worker:
             ctx.job_type,
             hold,
         )
-
-        async def wait(payload: Payload | None, job_ctx: JobCtx) -> None:
-            await self._unless_shutdown(asyncio.sleep(hold.total_seconds()))
-
-        holder = _Registered(wait, True)
-        job = Job(None, ctx)
-        if self._auto_extend and ctx._lease is not None:
-            try:
-                await self._run_extending(holder, job, ctx._lease)
-            except _LeaseLost as lost:
-                logger.warning("job %s: lease lost while held (%s)", ctx.id, lost)
-                return
-        await self._release(ctx)
+        await self._unless_shutdown(asyncio.sleep(hold.total_seconds()))
+        return _RELEASE
 
     async def _release(self, ctx: JobCtx) -> bool:
         """Hand the job back without counting its attempt; True if it was

@@ -1,0 +1,260 @@
+"""The Worker keeps reserves outstanding for its free slots while handlers run
+(issue 14, item 4): `max_jobs=1` means one job per reserve with as many reserves
+in flight as there are free slots, never one round trip per job; a reserve never
+asks for more jobs than there are free slots; a handler's slot is free when it
+returns, so the next reserve leaves while its ack is still on the wire; shutdown
+withdraws every parked reserve and drains the running handlers; one lost lease
+among many running jobs stays a quiet warning.
+
+Against the fake server, or (where only the server's own state shows it) a real
+server in this test's event loop. Nothing sleeps to wait."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from sepp.client import (
+    EnqueueRequest,
+    JobCtx,
+    Payload,
+    ReserveOptions,
+    SeppClient,
+    Worker,
+)
+from sepp.protocol import Request
+from sepp.server.server import SeppServer
+from tests.client.fakeserver import FakeConnection, FakeServer, eventually, make_job
+from tests.inprocess import address_of, in_process, in_process_config
+
+LEASE = timedelta(seconds=30)
+# Long enough that no parked reserve ends on its own during a test: an old-style
+# worker (one reserve at a time) never gets to send a second one.
+LONG_WAIT = timedelta(seconds=60)
+
+
+def parked_count(server: SeppServer) -> int:
+    return sum(len(conn.parked) for conn in server.connections)
+
+
+async def test_with_max_jobs_1_every_free_slot_has_its_own_parked_reserve(
+    in_process_env: None,
+) -> None:
+    slots = 6
+    gate = asyncio.Event()
+    running = 0
+    async with in_process(in_process_config()) as server:
+        client = await SeppClient.connect(address_of(server))
+        worker = Worker(
+            client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_jobs=1, max_in_flight=slots
+        )
+
+        @worker.handler("t")
+        async def blocked(payload: Payload | None, ctx: JobCtx) -> None:
+            nonlocal running
+            running += 1
+            await gate.wait()
+
+        task = asyncio.ensure_future(worker.run())
+        # An empty queue: one reserve of one job per free slot, all parked at once.
+        await eventually(lambda: parked_count(server) == slots)
+        producer = await SeppClient.connect(address_of(server))
+        await producer.enqueue_batch([EnqueueRequest("q", "t") for _ in range(slots)])
+        # Each parked reserve takes one job: every slot runs without another round trip.
+        await eventually(lambda: running == slots)
+        assert worker.in_flight == slots
+        assert parked_count(server) == 0  # no slot is free, so nothing else is asked
+        gate.set()
+        # The freed slots park their reserves again.
+        await eventually(lambda: parked_count(server) == slots)
+        worker.stop()
+        await task
+        stats = (await producer.queue_stats(["q"]))[0]
+        assert (stats.ready, stats.in_flight) == (0, 0)
+        await producer.close()
+        await client.close()
+
+
+async def test_a_reserve_never_asks_for_more_jobs_than_there_are_free_slots(
+    fake: FakeServer,
+) -> None:
+    limit = 5
+    running = 0
+    gates: list[asyncio.Event] = []
+    # At each reserve's arrival: the handlers running plus the jobs every reserve
+    # still unanswered asked for, this one included.
+    promised: list[int] = []
+    outstanding: dict[int, int] = {}
+    async with fake:
+        real_reserve = fake.handlers["reserve"]
+
+        async def watched(conn: FakeConnection, request: Request) -> Any:
+            outstanding[request.id] = request.body["max_jobs"]
+            promised.append(running + sum(outstanding.values()))
+            try:
+                return await real_reserve(conn, request)
+            finally:
+                del outstanding[request.id]
+
+        fake.on("reserve", watched)
+        client = await SeppClient.connect(fake.address)
+        worker = Worker(
+            client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_jobs=2, max_in_flight=limit
+        )
+
+        @worker.handler("t")
+        async def blocked(payload: Payload | None, ctx: JobCtx) -> None:
+            nonlocal running
+            running += 1
+            gate = asyncio.Event()
+            gates.append(gate)
+            await gate.wait()
+            running -= 1
+
+        task = asyncio.ensure_future(worker.run())
+        await fake.wait_until(lambda: len(outstanding) == 3)  # 2 + 2 + 1 slots
+        assert sorted(outstanding.values()) == [1, 2, 2]
+        fake.queue.push(*(make_job("t") for _ in range(4)))
+        await eventually(lambda: running == 4)
+        # One slot left: the reserve parked for it asks for one job.
+        await fake.wait_until(lambda: list(outstanding.values()) == [1])
+        gates[0].set()
+        await fake.wait_until(lambda: len(fake.queue.acked) == 1)
+        await fake.wait_until(lambda: sum(outstanding.values()) == 2)
+        for gate in gates[1:]:
+            gate.set()
+        await fake.wait_until(lambda: len(fake.queue.acked) == 4)
+        await fake.wait_until(lambda: sum(outstanding.values()) == limit)
+        worker.stop()
+        await task
+        assert max(promised) <= limit, promised
+        assert {r["max_jobs"] for r in fake.queue.reserves} <= {1, 2}
+        await client.close()
+
+
+async def test_the_next_reserve_leaves_while_the_last_ack_is_on_the_wire(
+    fake: FakeServer,
+) -> None:
+    # One slot: the old worker held it until the ack was answered, so a slow ack
+    # delayed the next reserve by a round trip. Now the slot is free when the
+    # handler returns, and the ack travels on its own.
+    ack_gate = asyncio.Event()
+    async with fake:
+        real_ack = fake.handlers["ack"]
+
+        async def slow_ack(conn: FakeConnection, request: Request) -> Any:
+            await ack_gate.wait()
+            return real_ack(conn, request)
+
+        fake.on("ack", slow_ack)
+        client = await SeppClient.connect(fake.address)
+        worker = Worker(client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_in_flight=1)
+
+        @worker.handler("t")
+        async def fast(payload: Payload | None, ctx: JobCtx) -> None:
+            return None
+
+        fake.queue.push(make_job("t"))
+        task = asyncio.ensure_future(worker.run())
+        await fake.wait_until(lambda: len(fake.ops("ack")) == 1 and len(fake.queue.reserves) == 2)
+        assert fake.queue.acked == []  # the ack is still unanswered...
+        assert fake.queue.reserves[1]["max_jobs"] == 1  # ...and the next reserve is parked
+        # An ack sent while a reserve long-polls is answered at once.
+        ack_gate.set()
+        await fake.wait_until(lambda: len(fake.queue.acked) == 1)
+        fake.queue.push(make_job("t"))
+        await fake.wait_until(lambda: len(fake.queue.acked) == 2)
+        worker.stop()
+        await task
+        await client.close()
+
+
+async def test_shutdown_withdraws_every_parked_reserve_and_drains_running_handlers(
+    in_process_env: None,
+) -> None:
+    started = asyncio.Event()
+    gate = asyncio.Event()
+    finished: list[str] = []
+    async with in_process(in_process_config()) as server:
+        client = await SeppClient.connect(address_of(server))
+        producer = await SeppClient.connect(address_of(server))
+        worker = Worker(client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_jobs=1, max_in_flight=4)
+
+        @worker.handler("t")
+        async def slow(payload: Payload | None, ctx: JobCtx) -> None:
+            started.set()
+            await gate.wait()
+            finished.append(ctx.id)
+
+        first = await producer.enqueue(EnqueueRequest("q", "t"))
+        task = asyncio.ensure_future(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        await eventually(lambda: parked_count(server) == 3)  # one per free slot
+        worker.stop()
+        await eventually(lambda: parked_count(server) == 0)
+        assert not task.done() and finished == []
+        # Nothing is leased to the stopping worker: a job enqueued now stays
+        # ready, its only attempt unspent.
+        later = await producer.enqueue(EnqueueRequest("q", "t", max_attempts=1))
+        stats = (await producer.queue_stats(["q"]))[0]
+        assert (stats.ready, stats.in_flight) == (1, 1)
+        gate.set()
+        await task
+        assert finished == [first.job_id]
+        stats = (await producer.queue_stats(["q"]))[0]
+        assert (stats.ready, stats.in_flight, stats.dead_lettered) == (1, 0, 0)
+        jobs = await producer.reserve(ReserveOptions(["q"], LEASE, timedelta(seconds=5)))
+        assert jobs is not None and (jobs[0].ctx.id, jobs[0].ctx.attempt) == (later.job_id, 1)
+        await producer.ack(jobs[0].ctx)
+        await producer.close()
+        await client.close()
+
+
+async def test_one_lost_lease_among_running_jobs_is_a_quiet_warning(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = asyncio.Event()
+    cancelled: list[str] = []
+    async with fake:
+        client = await SeppClient.connect(fake.address)
+        worker = Worker(
+            client,
+            ["q"],
+            LEASE,
+            wait_timeout=LONG_WAIT,
+            max_in_flight=4,
+            auto_extend_interval=timedelta(milliseconds=5),
+        )
+
+        @worker.handler("t")
+        async def long(payload: Payload | None, ctx: JobCtx) -> None:
+            try:
+                await gate.wait()
+            except asyncio.CancelledError:
+                cancelled.append(ctx.id)
+                raise
+
+        jobs = [make_job("t") for _ in range(3)]
+        lost = jobs[1]["id"]
+        fake.queue.fail_extend[lost] = "not_found"
+        fake.queue.push(*jobs)
+        task = asyncio.ensure_future(worker.run())
+        await eventually(lambda: cancelled == [lost])
+        # The others keep their leases, renewed by the same timer.
+        kept = {j["id"] for j in jobs} - {lost}
+        await fake.wait_until(lambda: kept <= set(fake.queue.extended))
+        gate.set()
+        await fake.wait_until(lambda: set(fake.queue.acked) == kept)
+        worker.stop()
+        await task
+        assert lost not in {r.body["job_id"] for r in fake.ops("ack") + fake.ops("nack")}
+        assert worker.in_flight == 0
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+        assert lost in warnings[0].getMessage() and "lease lost" in warnings[0].getMessage()
+        assert warnings[0].exc_info is None
+        await client.close()
