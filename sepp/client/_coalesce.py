@@ -25,9 +25,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Call", "Coalescer"]
+__all__ = ["Call", "Coalescer", "Outcome"]
+
+
+class Outcome(Protocol):
+    """Where one call's outcome goes: an `asyncio.Future` (an async caller awaits
+    it) or anything settled the same way (the sync client's waiter)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: dict[str, Any], /) -> None: ...
+
+    def set_exception(self, error: BaseException, /) -> None: ...
 
 
 class Call:
@@ -44,7 +55,7 @@ class Call:
         wire: dict[str, Any],
         retry_safe: bool,
         size: int,
-        future: asyncio.Future[dict[str, Any]],
+        future: Outcome,
     ) -> None:
         self.op = op
         self.wire = wire

@@ -164,11 +164,47 @@ def _batch_limit(value: Any) -> int | None:
     return value if type(value) is int and value >= 1 else None
 
 
-# A pending request: its op, its future, its deadline (loop time, None for none),
-# its timeout in seconds (for the message), its orphan handler, and whether it
-# is withdrawable.
+class Receiver:
+    """Where `send_to` delivers a request's outcome: straight to a callback,
+    ``callback(response, None)`` or ``callback(None, error)``, from the reader
+    or the deadline sweep -- no future and no extra loop turn. A callback that
+    raises is logged, never allowed to stop the reader."""
+
+    __slots__ = ("_callback", "_done")
+
+    def __init__(self, callback: Callable[[Response | None, SeppError | None], None]) -> None:
+        self._callback = callback
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, response: Response) -> None:
+        self._deliver(response, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._deliver(None, error if isinstance(error, SeppError) else SeppError(str(error)))
+
+    def _deliver(self, response: Response | None, error: SeppError | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._callback(response, error)
+        except Exception:
+            logger.exception("a sepp client callback failed")
+
+
+# A pending request: its op, its future (or Receiver), its deadline (loop time,
+# None for none), its timeout in seconds (for the message), its orphan handler,
+# and whether it is withdrawable.
 _Pending = tuple[
-    str, "asyncio.Future[Response]", float | None, float | None, OrphanHandler | None, bool
+    str,
+    "asyncio.Future[Response] | Receiver",
+    float | None,
+    float | None,
+    OrphanHandler | None,
+    bool,
 ]
 
 
@@ -293,6 +329,25 @@ class Connection:
         connection. Raises `TransportError` on a closed connection and
         `MessageTooLargeError` for a request over the frame limit (nothing is
         sent). A caller that stops waiting must call `abandon`."""
+        future: asyncio.Future[Response] = self._loop.create_future()
+        request_id = self._send(op, body, timeout, on_orphan, withdrawable, future)
+        return request_id, future
+
+    def send_to(
+        self, op: str, body: dict[str, Any], *, timeout: float | None, receiver: Receiver
+    ) -> None:
+        """`send`, with the outcome handed to `receiver` (see `Receiver`)."""
+        self._send(op, body, timeout, None, False, receiver)
+
+    def _send(
+        self,
+        op: str,
+        body: dict[str, Any],
+        timeout: float | None,
+        on_orphan: OrphanHandler | None,
+        withdrawable: bool,
+        future: asyncio.Future[Response] | Receiver,
+    ) -> int:
         if self._closed:
             raise TransportError(f"{op}: the connection is closed")
         request_id = self._next_id
@@ -306,7 +361,6 @@ class Connection:
                 limit=self.max_message_bytes,
             )
         loop = self._loop
-        future: asyncio.Future[Response] = loop.create_future()
         if timeout is None:
             deadline = None
         else:
@@ -317,7 +371,7 @@ class Connection:
         if withdrawable:
             self._withdrawable[request_id] = on_orphan
         self._transport.write(encode_frame(data))
-        return request_id, future
+        return request_id
 
     @property
     def congested(self) -> bool:

@@ -44,8 +44,8 @@ from typing import Any, ClassVar
 
 from sepp._version import __version__
 from sepp.client import _convert, _otel
-from sepp.client._coalesce import Call, Coalescer
-from sepp.client._connection import Connection, Endpoint, OrphanHandler, parse_address
+from sepp.client._coalesce import Call, Coalescer, Outcome
+from sepp.client._connection import Connection, Endpoint, OrphanHandler, Receiver, parse_address
 from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
 from sepp.client.errors import (
     BatchResultCountMismatchError,
@@ -507,14 +507,20 @@ class SeppClient:
         if connection.congested:
             await connection.wait_writable(self._rpc_timeout)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._coalescer(op != OP_ENQUEUE).submit(Call(op, wire, retry_safe, size, future))
+        self._submit(op, wire, retry_safe, size, future)
         return await future
 
     def _send_coalesced(self, calls: list[Call]) -> None:
         """Send coalesced calls of one kind, in order, in as few requests as the
         server's batch limit and frame limit allow."""
+        if self._closed:
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(ClientClosedError())
+            return
         connection = self._connection
-        if connection is None or connection.closed or self._closed:
+        if connection is None or connection.closed:
+            # Dropped since these calls were made: each goes alone, reconnecting.
             for call in calls:
                 self._retry_alone(call, None)
             return
@@ -552,8 +558,9 @@ class SeppClient:
                 item["kind"] = call.op
                 items.append(item)
             body = {"items": items}
+        answered = functools.partial(self._chunk_answered, chunk, op)
         try:
-            _, future = connection.send(op, body, timeout=self._rpc_timeout)
+            connection.send_to(op, body, timeout=self._rpc_timeout, receiver=Receiver(answered))
         except MessageTooLargeError as error:
             if len(chunk) == 1:
                 self._fail(first, error)
@@ -566,20 +573,15 @@ class SeppClient:
             for call in chunk:
                 self._fail(call, error)
             return
-        future.add_done_callback(functools.partial(self._chunk_answered, chunk, op))
 
-    def _chunk_answered(self, chunk: list[Call], op: str, future: asyncio.Future[Response]) -> None:
+    def _chunk_answered(
+        self, chunk: list[Call], op: str, response: Response | None, error: SeppError | None
+    ) -> None:
         """Hand each caller of a coalesced request its own outcome."""
-        if future.cancelled():
+        if response is None:
             for call in chunk:
-                self._fail(call, ClientClosedError())
+                self._fail(call, error or ClientClosedError())
             return
-        error = future.exception()
-        if error is not None:
-            for call in chunk:
-                self._fail(call, error if isinstance(error, SeppError) else SeppError(str(error)))
-            return
-        response = future.result()
         status, body = response.status, response.body
         if status != OK:
             for call in chunk:
@@ -625,6 +627,8 @@ class SeppClient:
         task = asyncio.get_running_loop().create_task(self._call_alone(call, failed))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        # A task cancelled before it ran (by `close`) never reaches its handler.
+        task.add_done_callback(functools.partial(_closed_if_unanswered, call))
 
     async def _call_alone(self, call: Call, failed: SeppError | None) -> None:
         """One coalesced call sent on its own (after its batch failed in a way
@@ -733,9 +737,52 @@ class SeppClient:
             raw = await self._coalesced(
                 connection, OP_ENQUEUE, wire, job.idempotency_key is not None, size
             )
+        return self._enqueue_answer(raw)
+
+    @classmethod
+    def _enqueue_answer(cls, raw: Any) -> EnqueueAck:
+        """One job's result of an enqueue: its ack, or raise its rejection."""
         if type(raw) is dict and "rejection" in raw:
             raise JobRejectedError(rejection_from_wire(raw["rejection"]))
-        return self._ack_from_wire(raw)
+        return cls._ack_from_wire(raw)
+
+    # -- calls started on the loop without a coroutine (the sync client's) -------------------
+
+    def _enqueue_nowait(self, job: EnqueueRequest, outcome: Outcome) -> bool:
+        """On the client's loop: `job` joined to this moment's enqueue batch, its
+        result map (see `_enqueue_answer`) or error to go to `outcome`. False
+        when the call cannot be coalesced now (no live connection with batch
+        limits, a congested socket, OpenTelemetry on): make the ordinary call."""
+        connection = self._coalescing(settle=False)
+        if connection is None or connection.congested or _otel.api() is not None:
+            return False
+        payload = job.payload
+        size = ENQUEUE_ITEM_BYTES_MIN + (0 if payload is None else len(payload.data))
+        wire = _convert.enqueue_job_to_wire(job)
+        self._submit(OP_ENQUEUE, wire, job.idempotency_key is not None, size, outcome)
+        return True
+
+    def _settle_nowait(self, op: str, body: dict[str, Any], outcome: Outcome) -> bool:
+        """On the client's loop: an ack, nack or extend joined to this moment's
+        settle, its ``ok`` body or error to go to `outcome`; False as for
+        `_enqueue_nowait`."""
+        connection = self._coalescing(settle=True)
+        if connection is None or connection.congested or _otel.api() is not None:
+            return False
+        self._submit(op, body, True, SETTLE_ITEM_BYTES_MIN, outcome)
+        return True
+
+    def _flush_coalesced(self) -> None:
+        """Send what the coalescers hold now instead of at the loop's next turn
+        (the sync client's loop, once it has started every call handed over)."""
+        for coalescer in (self._enqueues, self._settles):
+            if coalescer is not None and len(coalescer):
+                coalescer.flush()
+
+    def _submit(
+        self, op: str, wire: dict[str, Any], retry_safe: bool, size: int, outcome: Outcome
+    ) -> None:
+        self._coalescer(op != OP_ENQUEUE).submit(Call(op, wire, retry_safe, size, outcome))
 
     async def enqueue_atomic(self, jobs: Iterable[EnqueueRequest]) -> list[EnqueueAck]:
         """Enqueue jobs all-or-nothing.
@@ -930,6 +977,14 @@ class SeppClient:
         (by `RetryDirective.DEAD_LETTER`, or because this was its last
         attempt). Fencing errors as for `ack`.
         """
+        body = self._nack_body(ctx, retry, reason)
+        with _otel.client_span("sepp.nack"):
+            answer = await self._settle(OP_NACK, body)
+        return self._nack_answer(answer)
+
+    def _nack_body(
+        self, ctx: JobCtx | UndecodableJob, retry: RetryDirective, reason: str
+    ) -> dict[str, Any]:
         if not isinstance(retry, RetryDirective):
             raise TypeError(
                 "retry must be a RetryDirective (RetryDirective.DEFAULT, "
@@ -951,8 +1006,10 @@ class SeppClient:
             # Cut to the byte limit every server accepts: a refused nack would
             # leave the job leased until its lease expires.
             body["reason"] = _convert.reason_within_limit(reason)
-        with _otel.client_span("sepp.nack"):
-            answer = await self._settle(OP_NACK, body)
+        return body
+
+    @staticmethod
+    def _nack_answer(answer: dict[str, Any]) -> bool:
         dead_lettered = answer.get("dead_lettered")
         if not isinstance(dead_lettered, bool):
             raise MalformedResponseError("a nack answer needs a boolean 'dead_lettered'")
@@ -975,6 +1032,15 @@ class SeppClient:
     async def _extend_inner(
         self, job_id: str, attempt: int, extension: timedelta, worker_id: str | None
     ) -> datetime:
+        body = self._extend_body(job_id, attempt, extension, worker_id)
+        with _otel.client_span("sepp.extend"):
+            answer = await self._settle(OP_EXTEND, body)
+        return self._extend_answer(answer)
+
+    @staticmethod
+    def _extend_body(
+        job_id: str, attempt: int, extension: timedelta, worker_id: str | None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "job_id": job_id,
             "attempt": attempt,
@@ -982,8 +1048,10 @@ class SeppClient:
         }
         if worker_id is not None:
             body["worker_id"] = worker_id
-        with _otel.client_span("sepp.extend"):
-            answer = await self._settle(OP_EXTEND, body)
+        return body
+
+    @staticmethod
+    def _extend_answer(answer: dict[str, Any]) -> datetime:
         expiry_ms = answer.get("lease_expires_at_ms")
         expiry = _convert.ms_to_datetime(expiry_ms) if type(expiry_ms) is int else None
         if expiry is None:
@@ -1086,3 +1154,8 @@ class SeppClient:
 def _deliver(call: Call, result: Any) -> None:
     if not call.future.done():
         call.future.set_result(result)
+
+
+def _closed_if_unanswered(call: Call, task: asyncio.Task[None]) -> None:
+    if not call.future.done():
+        call.future.set_exception(ClientClosedError())

@@ -11,18 +11,29 @@ sepp-py has no blocking client; this one mirrors the async API method for method
 `queue_stats` and `health`). Jobs it returns are ordinary `Job`s; renew a lease with
 ``client.extend(ctx, by)`` (``ctx.extend`` is a coroutine of the private loop).
 
+The hot calls (`enqueue`, `ack`, `nack`, `extend`) take a lighter road: the
+calling thread hands the loop a plain callback (no task, no coroutine, and one
+wake-up of the loop for all the calls threads hand over before it runs) that
+joins the call to the client's coalesced batch (`SeppClient` docstring), and
+waits on a lock for its own result; calls from several threads at once go to the
+server as one request. The other calls, and these when they cannot be
+coalesced, run as coroutines on the loop.
+
 Must not import: sepp.core, sepp.storage, sepp.server.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
+import collections
 import ssl
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from sepp.client import _convert
 from sepp.client._retry import RetryPolicy
 from sepp.client.client import (
     CLIENT_NAME,
@@ -31,7 +42,7 @@ from sepp.client.client import (
     RetryDirective,
     SeppClient,
 )
-from sepp.client.errors import ClientClosedError, JobRejection
+from sepp.client.errors import ClientClosedError, JobRejection, SeppError
 from sepp.client.types import (
     DeadLetterRecord,
     EnqueueAck,
@@ -44,19 +55,98 @@ from sepp.client.types import (
     ServerInfo,
     UndecodableJob,
 )
+from sepp.protocol.messages import OP_ACK, OP_EXTEND, OP_NACK
 
 __all__ = ["SyncSeppClient"]
 
 _T = TypeVar("_T")
 
+# A loop-side starter of a hot call: given the arguments and the `_Waiter` to
+# settle, returns False when the call must take the coroutine road instead.
+_Start = Callable[..., bool]
+
+
+class _Waiter:
+    """One calling thread's wait for a hot call started on the loop: a lock the
+    loop releases once `outcome` is set (``(True, result)`` or ``(False,
+    error)``; left ``None`` when the call could not be started this way). It is
+    the call's `Outcome` itself, so the answer reaches the thread without a
+    loop turn."""
+
+    __slots__ = ("lock", "outcome")
+
+    def __init__(self) -> None:
+        self.lock = _thread.allocate_lock()
+        self.lock.acquire()
+        self.outcome: tuple[bool, Any] | None = None
+
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def set_result(self, result: dict[str, Any], /) -> None:
+        if self.outcome is None:
+            self.outcome = (True, result)
+            self.lock.release()
+
+    def set_exception(self, error: BaseException, /) -> None:
+        if self.outcome is None:
+            self.outcome = (False, error)
+            self.lock.release()
+
+    def declined(self) -> None:
+        self.lock.release()
+
 
 class _LoopThread:
     """An event loop running forever in a daemon thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, after_posted: Callable[[], None] | None = None) -> None:
         self.loop = asyncio.new_event_loop()
+        # Called once the hot calls handed over at one wake-up are all started.
+        self.after_posted = after_posted
+        # Hot calls handed over by calling threads, started by `_start_posted`
+        # on the loop; `_posted_wake` is set while a wake-up is on its way.
+        self._posted: collections.deque[tuple[_Start, tuple[Any, ...], _Waiter]] = (
+            collections.deque()
+        )
+        self._posted_wake = False
         self._thread = threading.Thread(target=self._run, name="sepp-sync-client", daemon=True)
         self._thread.start()
+
+    def start(self, start: _Start, *args: Any) -> tuple[bool, Any] | None:
+        """Run `start(*args)` on the loop and wait for the future it returns:
+        ``(True, result)`` or ``(False, error)``; None if `start` declined."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a SyncSeppClient cannot be called from its own loop thread")
+        if self.loop.is_closed():
+            raise ClientClosedError()
+        waiter = _Waiter()
+        self._posted.append((start, args, waiter))
+        if not self._posted_wake:
+            self._posted_wake = True
+            self.loop.call_soon_threadsafe(self._start_posted)
+        try:
+            waiter.lock.acquire()
+        except BaseException:
+            # Interrupted (e.g. KeyboardInterrupt): do not leave the call waiting.
+            self.loop.call_soon_threadsafe(waiter.set_exception, ClientClosedError())
+            raise
+        return waiter.outcome
+
+    def _start_posted(self) -> None:
+        self._posted_wake = False
+        posted = self._posted
+        while posted:
+            start, args, waiter = posted.popleft()
+            try:
+                started = start(*args, waiter)
+            except BaseException as exc:  # a bad argument: the caller's error
+                waiter.set_exception(exc)
+                continue
+            if not started:
+                waiter.declined()
+        if self.after_posted is not None:
+            self.after_posted()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -77,6 +167,10 @@ class _LoopThread:
     def stop(self) -> None:
         if self.loop.is_closed():
             return
+        # Release any thread still waiting on a hot call the loop never started.
+        while self._posted:
+            _, _, waiter = self._posted.popleft()
+            waiter.set_exception(ClientClosedError())
         self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self._thread:
             self._thread.join()
@@ -131,6 +225,9 @@ class SyncSeppClient:
         except BaseException:
             self._runner.stop()
             raise
+        # Every call handed over at one wake-up of the loop is in: send them now
+        # rather than a loop turn later (nothing else runs on this private loop).
+        self._runner.after_posted = self._client._flush_coalesced
 
     @classmethod
     def connect(
@@ -175,6 +272,17 @@ class SyncSeppClient:
             raise ClientClosedError()
         return self._runner.submit(coroutine)
 
+    def _hot(self, start: _Start, *args: Any) -> tuple[bool, Any] | None:
+        """A hot call started on the loop without a coroutine (None: take the
+        coroutine road); its error is raised here."""
+        if self._closed:
+            raise ClientClosedError()
+        outcome = self._runner.start(start, *args)
+        if outcome is not None and not outcome[0]:
+            error = outcome[1]
+            raise error if isinstance(error, BaseException) else SeppError(str(error))
+        return outcome
+
     @property
     def async_client(self) -> SeppClient:
         """The async client underneath (usable only on its own loop)."""
@@ -205,6 +313,10 @@ class SyncSeppClient:
 
     def enqueue(self, job: EnqueueRequest) -> EnqueueAck:
         """See `SeppClient.enqueue`."""
+        if type(job) is EnqueueRequest:
+            outcome = self._hot(self._client._enqueue_nowait, job)
+            if outcome is not None:
+                return SeppClient._enqueue_answer(outcome[1])
         return self._run(self._client.enqueue(job))
 
     def enqueue_batch(self, jobs: Iterable[EnqueueRequest]) -> list[EnqueueAck | JobRejection]:
@@ -221,7 +333,9 @@ class SyncSeppClient:
 
     def ack(self, ctx: JobCtx | UndecodableJob) -> None:
         """See `SeppClient.ack`."""
-        self._run(self._client.ack(ctx))
+        client = self._client
+        if self._hot(client._settle_nowait, OP_ACK, client._lease_body(ctx)) is None:
+            self._run(client.ack(ctx))
 
     def nack(
         self,
@@ -230,7 +344,11 @@ class SyncSeppClient:
         reason: str = "",
     ) -> bool:
         """See `SeppClient.nack`."""
-        return self._run(self._client.nack(ctx, retry, reason))
+        client = self._client
+        outcome = self._hot(client._settle_nowait, OP_NACK, client._nack_body(ctx, retry, reason))
+        if outcome is not None:
+            return SeppClient._nack_answer(outcome[1])
+        return self._run(client.nack(ctx, retry, reason))
 
     def release(self, ctx: JobCtx) -> None:
         """See `SeppClient.release`."""
@@ -238,7 +356,19 @@ class SyncSeppClient:
 
     def extend(self, ctx: JobCtx, extension: timedelta) -> datetime:
         """See `SeppClient.extend`."""
-        return self._run(self._client.extend(ctx, extension))
+        client = self._client
+        if isinstance(extension, timedelta) and isinstance(ctx, JobCtx):
+            lease = ctx._lease
+            body = SeppClient._extend_body(
+                ctx.id, ctx.attempt, extension, lease.worker_id if lease is not None else None
+            )
+            outcome = self._hot(client._settle_nowait, OP_EXTEND, body)
+            if outcome is not None:
+                expiry = SeppClient._extend_answer(outcome[1])
+                if lease is not None:
+                    lease._known_expiry_ms = _convert.datetime_to_ms(expiry)
+                return expiry
+        return self._run(client.extend(ctx, extension))
 
     def get_server_info(self) -> ServerInfo:
         """See `SeppClient.get_server_info`."""

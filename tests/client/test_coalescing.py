@@ -47,13 +47,13 @@ def count_frames(client: SeppClient) -> list[tuple[str, dict[str, Any]]]:
     connection = client._connection
     assert connection is not None
     sent: list[tuple[str, dict[str, Any]]] = []
-    send = connection.send
+    send = connection._send  # every request, awaited or coalesced, goes through it
 
-    def counting(op: str, body: dict[str, Any], **kwargs: Any) -> Any:
+    def counting(op: str, body: dict[str, Any], *args: Any) -> Any:
         sent.append((op, body))
-        return send(op, body, **kwargs)
+        return send(op, body, *args)
 
-    connection.send = counting  # type: ignore[method-assign]
+    connection._send = counting  # type: ignore[method-assign]
     return sent
 
 
