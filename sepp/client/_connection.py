@@ -23,7 +23,9 @@ Promises:
   does the same for every such request before a close.
 
 The request path costs one future and one dict entry per request: no task,
-no timer and no ``wait_for`` of its own. One deadline timer per connection
+no timer and no ``wait_for`` of its own. Answers are cut into frames and handed
+to their requests inside the transport's ``data_received`` (an
+`asyncio.Protocol`, no reader task and no stream buffer between). One deadline timer per connection
 (`_sweep`) is armed at the earliest deadline of the pending requests and fails
 the ones past theirs when it fires; `send` starts a request without a
 coroutine (the client's coalescers use it), `request` starts one and waits.
@@ -70,8 +72,6 @@ from sepp.protocol.messages import OP_HELLO, OP_WITHDRAW, REQUEST_ID_MAX
 logger = logging.getLogger("sepp.client")
 
 DEFAULT_PORT = 7463
-# How much the reader asks the socket for at a time.
-READ_CHUNK_BYTES = 256 * 1024
 # A request waits for the socket to take what is buffered only when more than
 # this is waiting to be written (asyncio's own high-water mark is 64 KiB).
 WRITE_BUFFER_WAIT_BYTES = 64 * 1024
@@ -208,21 +208,90 @@ _Pending = tuple[
 ]
 
 
+class _Stream(asyncio.Protocol):
+    """The transport's callbacks, passed on to the `Connection`; write flow
+    control (`writable`)."""
+
+    def __init__(self) -> None:
+        self.connection: Connection | None = None
+        self.transport: asyncio.Transport | None = None
+        # Data or an end that came before the Connection was attached.
+        self._early: list[bytes] = []
+        self._early_end: tuple[Exception | None] | None = None
+        self._paused = False
+        self._resumed: asyncio.Future[None] | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def attach(self, connection: Connection) -> None:
+        self.connection = connection
+        for data in self._early:
+            connection._received(data)
+        self._early.clear()
+        if self._early_end is not None:
+            connection._ended(self._early_end[0])
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.connection is None:
+            self._early.append(data)
+        else:
+            self.connection._received(data)
+
+    def eof_received(self) -> bool | None:
+        self._end(None)
+        return None  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._wake_writers()
+        self._end(exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def _end(self, exc: Exception | None) -> None:
+        if self.connection is None:
+            if self._early_end is None:
+                self._early_end = (exc,)
+        else:
+            self.connection._ended(exc)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and not resumed.done():
+            resumed.set_result(None)
+
+    async def writable(self) -> None:
+        """Until the transport takes more (or is gone)."""
+        if not self._paused or self.lost.done():
+            return
+        if self._resumed is None:
+            self._resumed = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._resumed)
+
+
 class Connection:
     """A live connection; make one with `Connection.open`."""
 
     def __init__(
         self,
         endpoint: Endpoint,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        transport: asyncio.Transport,
+        stream: _Stream,
         *,
         receive_bytes_max: int,
     ) -> None:
         self.endpoint = endpoint
-        self._reader = reader
-        self._writer = writer
-        self._transport = writer.transport
+        self._stream = stream
+        self._transport = transport
         self._loop = asyncio.get_running_loop()
         self._frames = FrameReader(receive_bytes_max)
         self._pending: dict[int, _Pending] = {}
@@ -245,7 +314,7 @@ class Connection:
         self.handshake: Handshake | None = None
         # Until hello answers, assume the protocol's default limit.
         self.max_message_bytes = FRAME_BYTES_MAX_DEFAULT
-        self._reader_task = asyncio.create_task(self._read_loop(), name="sepp-client-reader")
+        stream.attach(self)
 
     # -- opening ------------------------------------------------------------------------
 
@@ -268,14 +337,15 @@ class Connection:
         connection: Connection | None = None
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
+                transport, stream = await asyncio.get_running_loop().create_connection(
+                    _Stream,
                     endpoint.host,
                     endpoint.port,
                     ssl=endpoint.ssl,
                     server_hostname=endpoint.server_hostname if endpoint.ssl else None,
-                    limit=READ_CHUNK_BYTES,
                 )
-                connection = cls(endpoint, reader, writer, receive_bytes_max=receive_bytes_max)
+                assert isinstance(transport, asyncio.Transport)
+                connection = cls(endpoint, transport, stream, receive_bytes_max=receive_bytes_max)
                 response = await connection._exchange(OP_HELLO, hello)
         except TimeoutError:
             await _close_quietly(connection)
@@ -384,8 +454,8 @@ class Connection:
         buffered; a failure here shows in the pending requests' outcomes."""
         try:
             async with asyncio.timeout(timeout):
-                await self._writer.drain()
-        except (TimeoutError, OSError, RuntimeError):
+                await self._stream.writable()
+        except TimeoutError:
             return
 
     async def request(
@@ -495,13 +565,13 @@ class Connection:
         waiting: the server answers that request empty (unless its answer has
         already left, which its orphan handler then receives) and then this one,
         whose answer is not needed."""
-        if self._closed or self._writer.is_closing():
+        if self._closed or self._transport.is_closing():
             return
         withdraw_id = self._take_id()
         self._orphans[withdraw_id] = _withdraw_answered
         try:
             data = encode_request(withdraw_id, OP_WITHDRAW, {"request_id": request_id})
-            self._writer.write(encode_frame(data))
+            self._transport.write(encode_frame(data))
         except (OSError, RuntimeError) as exc:
             # The connection is going down; the server ends the parked reserves
             # of a connection that closed.
@@ -541,25 +611,20 @@ class Connection:
 
     # -- the reader ------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
+    def _received(self, data: bytes) -> None:
+        """The transport read `data`: cut it into frames and hand each answer to
+        its request."""
+        if self._closed:
+            return
         failure: Callable[[], SeppError]
         try:
-            while True:
-                data = await self._reader.read(READ_CHUNK_BYTES)
-                if not data:
-                    failure = self._lost("the server closed the connection")
-                    break
-                for frame in self._frames.feed(data):
-                    self._dispatch(decode_response(frame))
+            for frame in self._frames.feed(data):
+                self._dispatch(decode_response(frame))
+            return
         except FramingError as exc:
             message = f"the server sent a malformed frame: {exc}"
             logger.warning("closing the connection to %s: %s", self.endpoint.address, message)
             failure = lambda: MalformedResponseError(message)  # noqa: E731
-        except OSError as exc:
-            failure = self._lost(f"connection lost: {exc or type(exc).__name__}")
-        except asyncio.CancelledError:
-            self._finish(self._failure or ClientClosedError)
-            raise
         except Exception as exc:
             # A bug on this side: fail every caller at once rather than leave
             # them waiting for their deadlines, and keep the traceback.
@@ -567,7 +632,18 @@ class Connection:
             text = f"the client's reader failed: {exc!r}"
             failure = lambda: MalformedResponseError(text)  # noqa: E731
         self._finish(failure)
-        self._writer.close()
+        self._transport.close()
+
+    def _ended(self, exc: Exception | None) -> None:
+        """The stream ended: the server closed it (`exc` None) or it broke."""
+        if self._closed:
+            return
+        if exc is None:
+            failure = self._lost("the server closed the connection")
+        else:
+            failure = self._lost(f"connection lost: {exc or type(exc).__name__}")
+        self._finish(failure)
+        self._transport.close()
 
     def _lost(self, message: str) -> Callable[[], SeppError]:
         farewell = self._farewell
@@ -637,16 +713,9 @@ class Connection:
         if self._failure is None:
             self._failure = ClientClosedError
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._reader_task.cancel()
-        await asyncio.gather(self._reader_task, return_exceptions=True)
-        self._writer.close()
-        try:
-            await self._writer.wait_closed()
-        except (OSError, ssl.SSLError) as exc:
-            logger.debug("error while closing the connection: %s", exc)
+        self._finish(self._failure)
+        self._transport.close()
+        await asyncio.shield(self._stream.lost)
 
 
 def _withdraw_answered(response: Response) -> None:
