@@ -186,14 +186,17 @@ async def test_a_full_commit_backlog_refuses_each_item_with_overloaded_and_appli
         try:
             a, b = await leased(client, "q", 2)
             held.armed = True
-            client.send("enqueue", {"jobs": [job("q", "x")]})
+            first = client.send("enqueue", {"jobs": [job("q", "x")]})
             await asyncio.to_thread(held.entered.wait, 30)
             assert held.entered.is_set()
-            client.send("enqueue", {"jobs": [job("q", "y")]})
+            second = client.send("enqueue", {"jobs": [job("q", "y")]})
             settle = client.send("settle", {"items": [ack(a), ack(b)]})
             response = await client.response(settle)
         finally:
             held.release.set()
+        # The backlog drains once the held sync returns.
+        for request_id in (first, second):
+            assert (await client.response(request_id)).status == "ok"
         results = response.body["results"]
         assert [r["status"] for r in results] == ["resource_exhausted"] * 2
         assert {r["reason"] for r in results} == {"overloaded"}
