@@ -16,14 +16,20 @@ worker's own pool (at most `max_in_flight` threads), so it may block:
 * raising anything else nacks it for a default retry.
 
 Promises: at most `max_in_flight` handlers run at once, and a reserve never
-asks for more jobs than there are free slots; while a handler runs its lease is
+asks for more jobs than there are free slots (slots neither running a handler
+nor promised to another reserve on the wire); while handlers run, reserves stay
+outstanding for the free slots (``max_jobs=1``: one reserve of one job per free
+slot), and a finished handler's ack or nack never waits for a reserve, nor a
+reserve for an ack; while a handler runs its lease is
 renewed (unless `auto_extend=False`), at a third of what the server granted; a
 job whose lease was lost (an extend answered not_found / attempt_mismatch, or
 the lease ran out while extends failed) is logged as a WARNING with its id, has
 its handler cancelled and is never acked or nacked afterwards; a job type
 without a handler is backed off, never retried within milliseconds; after
 `ShutdownHandle.shutdown` (or SIGINT / SIGTERM with ``run(handle_signals=True)``)
-no reserve is sent and `run` returns once the running handlers have finished.
+no reserve is sent, the reserves still parked are withdrawn (a job already on
+its way is released, not run) and `run` returns once the running handlers have
+finished and their jobs are settled.
 
 Must not import: sepp.core, sepp.storage, sepp.server.
 """
@@ -97,6 +103,10 @@ EARLY_EMPTY_BACKOFF_S = EARLY_EMPTY_BACKOFF.total_seconds()
 # (up to `max_in_flight` of them, each for at most `max_jobs` jobs), so
 # `max_jobs=1` leases one job per reserve without one round trip per job.
 RESERVES_IN_FLIGHT_UNSET_MAX_JOBS = 2
+# ... but never more than this many: one connection carries them all, and a
+# server answers requests past `server.max_in_flight_per_connection` (1024 by
+# default) with resource_exhausted; acks, nacks and extends need room too.
+RESERVES_IN_FLIGHT_MAX = 256
 NO_HANDLER_REASON = "no handler registered for this job_type"
 # A job of a type without a handler (e.g. during a rolling deploy, before every
 # worker has the new code) is nacked with this delay, doubled per attempt up to
@@ -363,7 +373,18 @@ class Worker:
     `max_in_flight` slots meanwhile). A WARNING is logged once per
     unknown type.
 
-    `max_in_flight` (default 16) bounds concurrent handlers. Lease renewal is on
+    `max_in_flight` (default 16) bounds concurrent handlers; a handler's slot
+    is free again when it returns (its ack or nack goes out on its own, the
+    next reserve does not wait for the answer). The worker keeps reserves
+    outstanding for the free slots while handlers run, and never leases more
+    jobs than there are free slots (a job waiting for a slot would burn its
+    lease). `max_jobs` caps the jobs of one reserve, not the jobs per round
+    trip: unset, one reserve asks for every free slot (a second may go out for
+    slots freed while it is on the wire); with ``max_jobs=1`` each free slot has
+    its own reserve of one job in flight (up to 256), all pipelined on the
+    client's connection and parked on the server side by side.
+
+    Lease renewal is on
     by default (`auto_extend=True`, like BullMQ's lock renewal): while a handler
     runs, its lease is renewed by `lease_duration` every third of what the
     server actually granted (it may clamp the lease to its maximum silently), or
@@ -420,7 +441,9 @@ class Worker:
         self._catch_all_handler: _Registered | None = None
         self._max_in_flight = max(1, max_in_flight)
         self._reserves_max = (
-            RESERVES_IN_FLIGHT_UNSET_MAX_JOBS if max_jobs is None else self._max_in_flight
+            RESERVES_IN_FLIGHT_UNSET_MAX_JOBS
+            if max_jobs is None
+            else min(self._max_in_flight, RESERVES_IN_FLIGHT_MAX)
         )
         self._early_empty_s = min(
             EARLY_EMPTY_THRESHOLD, self._opts.wait_timeout / 2
@@ -722,7 +745,12 @@ class Worker:
                 return
         except SeppError as exc:
             self._metrics.record_reserve_failed()
-            logger.warning("reserve failed: %s; retrying in %s", exc, self._reserve_error_backoff)
+            # Reserves in flight together fail together (a dropped connection):
+            # one warning for them, not one each.
+            paused = self._paused_until > self._loop.time()
+            (logger.debug if paused else logger.warning)(
+                "reserve failed: %s; retrying in %s", exc, self._reserve_error_backoff
+            )
             self._pause_reserving(self._reserve_error_backoff.total_seconds())
             return
         if not jobs:
@@ -922,7 +950,8 @@ class Worker:
     def _keep(self, running: _Running) -> None:
         """Renew `running`'s lease until its handler finishes."""
         lease = running.ctx._lease
-        assert lease is not None
+        if lease is None:
+            return
         due = self._loop.time() + self._extend_delay_s(lease)
         running.due = due
         self._kept.add(running)
@@ -954,7 +983,8 @@ class Worker:
 
     async def _extend(self, running: _Running) -> None:
         lease = running.ctx._lease
-        assert lease is not None
+        if lease is None:
+            return
         try:
             expiry = await lease.extend(self._opts.lease_duration)
         except LeaseError as exc:
