@@ -105,7 +105,12 @@ class Coalescer:
         calls, self._calls = self._calls, []
         live = [call for call in calls if not call.future.done()]
         if live:
-            self._send(live)
+            try:
+                self._send(live)
+            except Exception as exc:  # a bug: no caller may be left waiting
+                for call in live:
+                    if not call.future.done():
+                        call.future.set_exception(exc)
 
     def __len__(self) -> int:
         return len(self._calls)

@@ -573,6 +573,16 @@ class SeppClient:
             for call in chunk:
                 self._fail(call, error)
             return
+        except Exception as error:  # e.g. a value msgpack cannot encode
+            if len(chunk) == 1:
+                # Its caller's error, as the call alone would have raised it.
+                if not first.future.done():
+                    first.future.set_exception(error)
+                return
+            half = len(chunk) // 2
+            self._send_chunk(connection, chunk[:half])
+            self._send_chunk(connection, chunk[half:])
+            return
 
     def _chunk_answered(
         self, chunk: list[Call], op: str, response: Response | None, error: SeppError | None

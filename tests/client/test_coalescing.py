@@ -11,6 +11,7 @@ fake server, from the requests it recorded. The real server runs in process
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from datetime import timedelta
 from typing import Any
@@ -370,6 +371,21 @@ async def test_a_fenced_ack_in_a_settle_raises_the_single_acks_error_type() -> N
         assert fine is None
         with pytest.raises(AttemptMismatchError):
             await client.ack(stale)  # alone: the same type
+        await client.close()
+
+
+@pytestmark_real
+async def test_a_call_that_cannot_be_encoded_fails_alone_and_its_batch_mates_go_through() -> None:
+    async with in_process(in_process_config()) as server:
+        client = await SeppClient.connect(address_of(server))
+        await client.enqueue(EnqueueRequest("q", "t"))
+        jobs = await client.reserve(ReserveOptions(["q"], LEASE))
+        assert jobs is not None
+        good = jobs[0].ctx
+        bad = dataclasses.replace(good, id=object())  # type: ignore[arg-type]
+        outcomes = await asyncio.gather(client.ack(bad), client.ack(good), return_exceptions=True)
+        assert isinstance(outcomes[0], TypeError)
+        assert outcomes[1] is None
         await client.close()
 
 
