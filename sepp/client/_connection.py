@@ -1,10 +1,11 @@
 """One TCP (or TLS) connection to a sepp server, with pipelined requests.
 
 Owns: opening the socket and the ``hello`` handshake, request ids, writing
-request frames, and the single reader task that cuts the byte stream into
-frames and hands each response to the future of the request it answers. Nothing
-waits for anything but its own future, so responses may arrive in any order: a
-long-polling reserve does not hold up the acks sent after it.
+request frames, and the reader (the transport's protocol) that cuts the byte
+stream into frames and hands each response to the future (or `Receiver`) of the
+request it answers. Nothing waits for anything but its own future, so responses
+may arrive in any order: a long-polling reserve does not hold up the acks sent
+after it.
 
 Promises:
 
