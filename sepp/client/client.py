@@ -287,6 +287,8 @@ class SeppClient:
         # Made on first use, on the loop the client runs on.
         self._enqueues: Coalescer | None = None
         self._settles: Coalescer | None = None
+        # The loop the coalesced calls run on (set by the first one).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def connect(
@@ -498,17 +500,22 @@ class SeppClient:
                 )
         return coalescer
 
-    async def _coalesced(
-        self, connection: Connection, op: str, wire: dict[str, Any], retry_safe: bool, size: int
-    ) -> dict[str, Any]:
-        """Make the single call `op` (its job map or lease body `wire`) as part of
-        the batch leaving at the loop's next turn; returns its own result (an
-        enqueue's result map, or the ``ok`` body of an ack/nack/extend)."""
-        if connection.congested:
-            await connection.wait_writable(self._rpc_timeout)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._submit(op, wire, retry_safe, size, future)
-        return await future
+    def _coalesced(
+        self, op: str, wire: dict[str, Any], retry_safe: bool, size: int
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Make the single call `op` (its job map or lease body `wire`) part of the
+        batch leaving at the loop's next turn; the future of its own result (an
+        enqueue's result map, or the ``ok`` body of an ack/nack/extend). The
+        caller first waits for a congested connection (`Connection.congested`)."""
+        future: asyncio.Future[dict[str, Any]] = self._loop_of_calls().create_future()
+        self._coalescer(op != OP_ENQUEUE).submit(Call(op, wire, retry_safe, size, future))
+        return future
+
+    def _loop_of_calls(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _send_coalesced(self, calls: list[Call]) -> None:
         """Send coalesced calls of one kind, in order, in as few requests as the
@@ -744,9 +751,9 @@ class SeppClient:
             wire = _convert.enqueue_job_to_wire(job, _otel.current_trace_headers())
             payload = job.payload
             size = ENQUEUE_ITEM_BYTES_MIN + (0 if payload is None else len(payload.data))
-            raw = await self._coalesced(
-                connection, OP_ENQUEUE, wire, job.idempotency_key is not None, size
-            )
+            if connection.congested:
+                await connection.wait_writable(self._rpc_timeout)
+            raw = await self._coalesced(OP_ENQUEUE, wire, job.idempotency_key is not None, size)
         return self._enqueue_answer(raw)
 
     @classmethod
@@ -972,7 +979,9 @@ class SeppClient:
         connection = self._coalescing(settle=True)
         if connection is None:
             return await self._call(op, body, retry_safe=True)
-        return await self._coalesced(connection, op, body, True, SETTLE_ITEM_BYTES_MIN)
+        if connection.congested:
+            await connection.wait_writable(self._rpc_timeout)
+        return await self._coalesced(op, body, True, SETTLE_ITEM_BYTES_MIN)
 
     async def nack(
         self,
