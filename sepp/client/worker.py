@@ -597,6 +597,7 @@ class Worker:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                self._forget_unstarted()
                 raise
             finally:
                 watcher.cancel()
@@ -636,6 +637,7 @@ class Worker:
         for the dead-lettering of undecodable jobs."""
         while self._tasks or self._background:
             await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+            self._forget_unstarted()
 
     async def _wake_on_shutdown(self) -> None:
         await self._shutdown.wait()
@@ -761,9 +763,15 @@ class Worker:
                 self._pause_reserving(EARLY_EMPTY_BACKOFF_S)
             return
         self._metrics.record_reserve_ok(False)
+        # The jobs of one answer were leased at the same moment for the same
+        # duration: one first renewal time serves them all.
+        extend_due = 0.0
+        lease = jobs[0].ctx._lease
+        if self._auto_extend and lease is not None:
+            extend_due = self._loop.time() + self._extend_delay_s(lease)
         wanted = opts.max_jobs or 0
         for job in jobs[:wanted]:
-            self._start(job)
+            self._start(job, extend_due)
         for job in jobs[wanted:]:
             # A server that sent more than asked: no slot for these.
             logger.warning("the server leased more jobs than asked for; releasing %s", job.ctx.id)
@@ -824,14 +832,17 @@ class Worker:
         await asyncio.gather(work, return_exceptions=True)
         return False, None
 
-    def _start(self, job: Job) -> None:
+    def _start(self, job: Job, extend_due: float) -> None:
+        """Run `job` in a task of its own; renew its lease from `extend_due`
+        (loop time; 0 for never)."""
         running = _Running(job.ctx)
         self._in_flight += 1
         self._metrics.record_in_flight_delta(1)
         task = self._loop.create_task(self._process(job, running))
         running.task = task
         self._tasks[task] = running
-        task.add_done_callback(self._job_done)
+        if extend_due and job.ctx._lease is not None:
+            self._keep_at(running, extend_due)
 
     def _handler_done(self, running: _Running) -> None:
         """The job's handler finished (or never ran): its slot is free, before
@@ -844,61 +855,66 @@ class Worker:
         self._metrics.record_in_flight_delta(-1)
         self._wake.set()
 
-    def _job_done(self, task: asyncio.Task[None]) -> None:
-        self._handler_done(self._tasks.pop(task))
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("job task crashed: %r", task.exception())
+    def _forget_unstarted(self) -> None:
+        """A job task cancelled before its first step never ran its `finally`."""
+        for task in [task for task in self._tasks if task.done()]:
+            self._handler_done(self._tasks.pop(task))
 
     # -- one job ---------------------------------------------------------------------------------
 
     async def _process(self, job: Job, running: _Running) -> None:
         ctx = job.ctx
-        if self._auto_extend and ctx._lease is not None:
-            self._keep(running)
-        span: contextlib.AbstractContextManager[None] = _NO_SPAN
-        if _otel.api() is not None:
-            trace = ctx.trace_context
-            producer = None if trace is None else (trace.traceparent, trace.tracestate)
-            span = _otel.consumer_span("sepp.process", producer)
-        with span:
-            registered = self._handlers.get(ctx.job_type) or self._catch_all_handler
-            outcome: Exception | None
-            try:
-                if registered is None:
-                    outcome = await self._no_handler(ctx)
-                else:
-                    outcome = await self._run_handler(registered, job)
-            except asyncio.CancelledError:
-                if running.lost is None:
-                    # run() was cancelled, or a second signal stopped it: the
-                    # job did not finish here, so hand it back rather than
-                    # leave it to its lease.
-                    self._handler_done(running)
-                    await self._release_unfinished(ctx)
-                    raise
-                # The lease keeper cancelled the handler: the lease is gone.
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                outcome = None
+        try:
+            span: contextlib.AbstractContextManager[None] = _NO_SPAN
+            if _otel.api() is not None:
+                trace = ctx.trace_context
+                producer = None if trace is None else (trace.traceparent, trace.tracestate)
+                span = _otel.consumer_span("sepp.process", producer)
+            with span:
+                registered = self._handlers.get(ctx.job_type) or self._catch_all_handler
+                outcome: Exception | None
+                try:
+                    if registered is None:
+                        outcome = await self._no_handler(ctx)
+                    else:
+                        outcome = await self._run_handler(registered, job)
+                except asyncio.CancelledError:
+                    if running.lost is None:
+                        # run() was cancelled, or a second signal stopped it:
+                        # the job did not finish here, so hand it back rather
+                        # than leave it to its lease.
+                        self._handler_done(running)
+                        await self._release_unfinished(ctx)
+                        raise
+                    # The lease keeper cancelled the handler: the lease is gone.
+                    running.task.uncancel()
+                    outcome = None
+                self._handler_done(running)
+                # The keeper's verdict decides, even if the handler ignored the
+                # cancellation and finished: someone else may own the job now.
+                if running.lost is not None:
+                    self._metrics.record_lease_lost()
+                    logger.warning(
+                        "job %s (type %s, attempt %d): lease lost (%s); its handler was "
+                        "cancelled and the job will not be acked or nacked by this worker",
+                        ctx.id,
+                        ctx.job_type,
+                        ctx.attempt,
+                        running.lost,
+                    )
+                    return
+                if outcome is _RELEASE:
+                    await self._release(ctx)
+                    return
+                await self._settle(ctx, outcome)
+        except Exception as exc:
+            # A bug on this side (a handler's own failure is data, settled
+            # above): log it with its traceback, as a done callback would.
+            logger.error("job task %s crashed: %r", ctx.id, exc, exc_info=exc)
+        finally:
+            # Here rather than in a done callback: one loop callback less per job.
+            self._tasks.pop(running.task, None)
             self._handler_done(running)
-            # The keeper's verdict decides, even if the handler ignored the
-            # cancellation and finished: someone else may own the job now.
-            if running.lost is not None:
-                self._metrics.record_lease_lost()
-                logger.warning(
-                    "job %s (type %s, attempt %d): lease lost (%s); its handler was "
-                    "cancelled and the job will not be acked or nacked by this worker",
-                    ctx.id,
-                    ctx.job_type,
-                    ctx.attempt,
-                    running.lost,
-                )
-                return
-            if outcome is _RELEASE:
-                await self._release(ctx)
-                return
-            await self._settle(ctx, outcome)
 
     async def _run_handler(self, registered: _Registered, job: Job) -> Exception | None:
         """The handler's failure, or None if it returned."""
@@ -947,12 +963,9 @@ class Worker:
             return min(self._opts.lease_duration.total_seconds() / 3, 1.0)
         return max(remaining_ms / 3000, 0.001)
 
-    def _keep(self, running: _Running) -> None:
-        """Renew `running`'s lease until its handler finishes."""
-        lease = running.ctx._lease
-        if lease is None:
-            return
-        due = self._loop.time() + self._extend_delay_s(lease)
+    def _keep_at(self, running: _Running, due: float) -> None:
+        """Renew `running`'s lease from `due` (loop time) until its handler
+        finishes."""
         running.due = due
         self._kept.add(running)
         if self._keeper is None or due < self._keeper_due:
@@ -1008,8 +1021,9 @@ class Worker:
 
     def _keep_again(self, running: _Running) -> None:
         running.extending = False
-        if not running.handler_done:
-            self._keep(running)
+        lease = running.ctx._lease
+        if not running.handler_done and lease is not None:
+            self._keep_at(running, self._loop.time() + self._extend_delay_s(lease))
 
     # -- jobs nobody here can run ------------------------------------------------------------------
 
