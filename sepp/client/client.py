@@ -131,6 +131,8 @@ ENQUEUE_LINGER_MAX = timedelta(milliseconds=100)
 ENQUEUE_ITEM_BYTES_MIN = 64
 SETTLE_ITEM_BYTES_MIN = 48
 BATCH_ENVELOPE_BYTES = 64
+# How many distinct reserve durations / worker ids the client keeps converted.
+RESERVE_TIMINGS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -289,6 +291,10 @@ class SeppClient:
         self._settles: Coalescer | None = None
         # The loop the coalesced calls run on (set by the first one).
         self._loop: asyncio.AbstractEventLoop | None = None
+        # A reserve's converted durations by (lease, wait), and its orphan
+        # handler by worker id: the same every time for a worker.
+        self._reserve_timings: dict[tuple[timedelta, timedelta], tuple[int, int, float]] = {}
+        self._release_handlers: dict[str | None, OrphanHandler] = {}
 
     @classmethod
     async def connect(
@@ -850,17 +856,35 @@ class SeppClient:
                 "reserve takes ReserveOptions(queues, lease_duration), e.g. "
                 f"ReserveOptions(['emails'], timedelta(seconds=30)); got {type(opts).__name__}"
             )
+        durations = (opts.lease_duration, opts.wait_timeout)
+        timing = self._reserve_timings.get(durations)
+        if timing is None:
+            # A worker reserves with the same durations every time: convert once.
+            timing = (
+                _convert.timedelta_to_ms(opts.lease_duration, round_up=True),
+                max(0, _convert.timedelta_to_ms(opts.wait_timeout)),
+                (max(opts.wait_timeout, timedelta(0)) + RESERVE_DEADLINE_SLACK).total_seconds(),
+            )
+            if len(self._reserve_timings) >= RESERVE_TIMINGS_KEPT:
+                self._reserve_timings.clear()
+            self._reserve_timings[durations] = timing
+        lease_ms, wait_ms, deadline = timing
         body: dict[str, Any] = {
             "queues": list(opts.queues),
-            "lease_ms": _convert.timedelta_to_ms(opts.lease_duration, round_up=True),
-            "wait_ms": max(0, _convert.timedelta_to_ms(opts.wait_timeout)),
+            "lease_ms": lease_ms,
+            "wait_ms": wait_ms,
         }
         if opts.max_jobs is not None:
             body["max_jobs"] = opts.max_jobs
-        if opts.worker_id is not None:
-            body["worker_id"] = opts.worker_id
-        deadline = (max(opts.wait_timeout, timedelta(0)) + RESERVE_DEADLINE_SLACK).total_seconds()
-        release = functools.partial(self._release_orphaned, opts.worker_id)
+        worker_id = opts.worker_id
+        if worker_id is not None:
+            body["worker_id"] = worker_id
+        release = self._release_handlers.get(worker_id)
+        if release is None:
+            release = functools.partial(self._release_orphaned, worker_id)
+            if len(self._release_handlers) >= RESERVE_TIMINGS_KEPT:
+                self._release_handlers.clear()
+            self._release_handlers[worker_id] = release
         with _otel.client_span("sepp.reserve"):
             answer = await self._call(
                 OP_RESERVE,
