@@ -607,6 +607,7 @@ class Worker:
             for task in reserving:
                 task.cancel()
             await asyncio.gather(*reserving, return_exceptions=True)
+            self._forget_unstarted()
             if self._stop_error is not None:
                 # Nothing can succeed on a closed client: stop instead of looping.
                 logger.error("worker %s: the client was closed; stopping", self.worker_id)
@@ -723,20 +724,41 @@ class Worker:
             self._asked += wanted
             task = loop.create_task(self._reserve(opts))
             self._reserving[task] = wanted
-            task.add_done_callback(self._reserve_done)
 
     def _pause_reserving(self, seconds: float) -> None:
         self._paused_until = max(self._paused_until, self._loop.time() + seconds)
         self._wake.set()
 
     async def _reserve(self, opts: ReserveOptions) -> None:
-        """One reserve: start a handler for each job it leased."""
+        """One reserve: start a handler for each job it leased. The first job
+        runs in this very task (one task per reserve answer less; with
+        ``max_jobs=1`` one task per job instead of two), which from then on is
+        that job's task, no longer a reserve."""
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - always run as a task
+            return
+        try:
+            first = await self._reserved(opts, task)
+        except Exception as exc:
+            # A bug on this side: log it with its traceback, keep the loop.
+            logger.error("reserve task crashed: %r", exc, exc_info=exc)
+            return
+        finally:
+            self._reserve_ended(task)
+        if first is not None:
+            await self._process(*first)
+
+    async def _reserved(
+        self, opts: ReserveOptions, task: asyncio.Task[None]
+    ) -> tuple[Job, _Running] | None:
+        """Send the reserve and start its jobs; the first is adopted by `task`
+        and returned, for the caller to run."""
         started = self._loop.time()
         try:
             jobs = await self._client.reserve(opts)
         except ClientClosedError as exc:
             self._stop_error = exc
-            return
+            return None
         except UndecodableJobError as exc:
             # Jobs this client cannot decode are leased to us: dead-letter
             # them with the reason now (never skip them, never let them burn
@@ -744,7 +766,7 @@ class Worker:
             self._in_background(self._dead_letter_undecodable(exc.undecodable))
             jobs = exc.jobs or None
             if jobs is None:
-                return
+                return None
         except SeppError as exc:
             self._metrics.record_reserve_failed()
             # Reserves in flight together fail together (a dropped connection):
@@ -754,15 +776,18 @@ class Worker:
                 "reserve failed: %s; retrying in %s", exc, self._reserve_error_backoff
             )
             self._pause_reserving(self._reserve_error_backoff.total_seconds())
-            return
+            return None
         if not jobs:
             self._metrics.record_reserve_ok(True)
             # An empty answer much sooner than its wait (a server that is
             # shutting down answers at once): pause, so as not to spin.
             if self._loop.time() - started < self._early_empty_s:
                 self._pause_reserving(EARLY_EMPTY_BACKOFF_S)
-            return
+            return None
         self._metrics.record_reserve_ok(False)
+        # The answer is in: its slots move from promised to running (in this
+        # one step, so the loop never sees them counted twice or not at all).
+        self._reserve_ended(task)
         # The jobs of one answer were leased at the same moment for the same
         # duration: one first renewal time serves them all.
         extend_due = 0.0
@@ -770,18 +795,23 @@ class Worker:
         if self._auto_extend and lease is not None:
             extend_due = self._loop.time() + self._extend_delay_s(lease)
         wanted = opts.max_jobs or 0
-        for job in jobs[:wanted]:
-            self._start(job, extend_due)
         for job in jobs[wanted:]:
             # A server that sent more than asked: no slot for these.
             logger.warning("the server leased more jobs than asked for; releasing %s", job.ctx.id)
             self._in_background(self._release(job.ctx))
+        for job in jobs[1:wanted]:
+            self._start(job, extend_due)
+        running = _Running(jobs[0].ctx)
+        self._adopt(running, task, extend_due)
+        return jobs[0], running
 
-    def _reserve_done(self, task: asyncio.Task[None]) -> None:
-        self._asked -= self._reserving.pop(task)
-        self._wake.set()
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("reserve task crashed: %r", task.exception())
+    def _reserve_ended(self, task: asyncio.Task[None]) -> None:
+        """The reserve of `task` was answered (or failed, or was cancelled): the
+        slots it promised are free again. Idempotent."""
+        wanted = self._reserving.pop(task, None)
+        if wanted is not None:
+            self._asked -= wanted
+            self._wake.set()
 
     def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
         task = self._loop.create_task(work)
@@ -833,15 +863,18 @@ class Worker:
         return False, None
 
     def _start(self, job: Job, extend_due: float) -> None:
-        """Run `job` in a task of its own; renew its lease from `extend_due`
-        (loop time; 0 for never)."""
+        """Run `job` in a task of its own."""
         running = _Running(job.ctx)
+        self._adopt(running, self._loop.create_task(self._process(job, running)), extend_due)
+
+    def _adopt(self, running: _Running, task: asyncio.Task[None], extend_due: float) -> None:
+        """Count `running` as running in `task`; renew its lease from
+        `extend_due` (loop time; 0 for never)."""
+        running.task = task
         self._in_flight += 1
         self._metrics.record_in_flight_delta(1)
-        task = self._loop.create_task(self._process(job, running))
-        running.task = task
         self._tasks[task] = running
-        if extend_due and job.ctx._lease is not None:
+        if extend_due and running.ctx._lease is not None:
             self._keep_at(running, extend_due)
 
     def _handler_done(self, running: _Running) -> None:
@@ -856,9 +889,11 @@ class Worker:
         self._wake.set()
 
     def _forget_unstarted(self) -> None:
-        """A job task cancelled before its first step never ran its `finally`."""
+        """A task cancelled before its first step never ran its `finally`."""
         for task in [task for task in self._tasks if task.done()]:
             self._handler_done(self._tasks.pop(task))
+        for task in [task for task in self._reserving if task.done()]:
+            self._reserve_ended(task)
 
     # -- one job ---------------------------------------------------------------------------------
 
