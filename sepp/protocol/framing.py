@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 
-from sepp.protocol.errors import FrameTooLarge, ProtocolViolation
+from sepp.protocol.errors import FrameTooLarge, FramingError, ProtocolViolation
 
 LENGTH_PREFIX = struct.Struct(">I")
 LENGTH_PREFIX_BYTES = 4
@@ -30,7 +30,7 @@ def encode_frame(body: bytes) -> bytes:
 class FrameReader:
     """Accumulates received bytes and cuts them into frames."""
 
-    __slots__ = ("_buffer", "_error", "_need", "frame_bytes_max")
+    __slots__ = ("_broken", "_buffer", "_need", "frame_bytes_max")
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
         if not 1 <= frame_bytes_max <= FRAME_BYTES_CEILING:
@@ -41,14 +41,18 @@ class FrameReader:
         self._need = -1
         # A framing error met after complete frames in the same feed: those frames
         # are returned first (they are valid requests and must be answered), and
-        # the error is raised by `raise_pending` / the next `feed`.
-        self._error: Exception | None = None
+        # the error is raised by `raise_pending` / the next `feed`. Kept as the
+        # (length, limit) it is made from, and raised as a new exception each time:
+        # a kept exception holds, through its traceback, the frame that raised it
+        # and so this reader -- a cycle only the garbage collector can free, and
+        # the server's collector policy may never look at it (gcpolicy).
+        self._broken: tuple[int, int] | None = None
 
     def raise_pending(self) -> None:
         """Raise the framing error found behind the frames last returned, if any."""
-        error = self._error
-        if error is not None:
-            raise error
+        broken = self._broken
+        if broken is not None:
+            raise _framing_error(broken[0], broken[1])
 
     @property
     def buffered(self) -> int:
@@ -84,18 +88,13 @@ class FrameReader:
                 if end - pos < LENGTH_PREFIX_BYTES:
                     break
                 (need,) = LENGTH_PREFIX.unpack_from(buffer, pos)
-                error: Exception | None = None
-                if need > self.frame_bytes_max:
-                    error = FrameTooLarge(need, self.frame_bytes_max)
-                elif need == 0:
-                    error = ProtocolViolation("zero-length frame")
-                if error is not None:
+                if need > self.frame_bytes_max or need == 0:
                     del buffer[:]
                     self._need = -1
                     if frames:
-                        self._error = error
+                        self._broken = (need, self.frame_bytes_max)
                         return frames
-                    raise error
+                    raise _framing_error(need, self.frame_bytes_max)
                 pos += LENGTH_PREFIX_BYTES
             if end - pos < need:
                 break
@@ -108,3 +107,10 @@ class FrameReader:
             del buffer[:pos]
         self._need = need
         return frames
+
+
+def _framing_error(length: int, limit: int) -> FramingError:
+    """The error for a length prefix of `length` under `limit` (0: zero-length)."""
+    if length == 0:
+        return ProtocolViolation("zero-length frame")
+    return FrameTooLarge(length, limit)

@@ -757,6 +757,9 @@ class ClientConnection(asyncio.Protocol):
         try:
             transport = await handshake
         except asyncio.CancelledError:
+            # The task keeps this error, whose traceback holds this frame and so
+            # this connection: forget the task or the three make a cycle.
+            self._tls_task = None
             # Closed by the server during the handshake (room made, shutdown).
             plain.abort()
             self.connection_lost(None)
@@ -770,7 +773,9 @@ class ClientConnection(asyncio.Protocol):
             )
             plain.abort()
             self.connection_lost(exc)
+            self._tls_task = None
             return
+        self._tls_task = None
         if transport is None:  # pragma: no cover - closed during the handshake
             plain.abort()
             self.connection_lost(None)
@@ -838,8 +843,12 @@ class ClientConnection(asyncio.Protocol):
         server = self.server
         server.connections.discard(self)
         server.unauthenticated.pop(self, None)
+        # A timer handle holds its callback, a method of this connection: drop
+        # both handles so the pair is freed by reference counting, not left as a
+        # cycle for the collector (gcpolicy: a frozen cycle is never reclaimed).
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+            self._handshake_timer = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
@@ -878,11 +887,11 @@ class ClientConnection(asyncio.Protocol):
         try:
             frames = self.reader.feed(data)
         except perr.FrameTooLarge as exc:
-            log.warning("closing %s: %s", self.peer, exc)
+            log.warning("closing %s: %s", self.peer, str(exc))
             self._refuse(perr.RESOURCE_EXHAUSTED, perr.REASON_FRAME_TOO_LARGE, str(exc))
             return
         except perr.FramingError as exc:
-            log.warning("closing %s: %s", self.peer, exc)
+            log.warning("closing %s: %s", self.peer, str(exc))
             self.close()
             return
         for frame in frames:
@@ -892,10 +901,10 @@ class ClientConnection(asyncio.Protocol):
         try:
             self.reader.raise_pending()
         except perr.FrameTooLarge as exc:
-            log.warning("closing %s: %s", self.peer, exc)
+            log.warning("closing %s: %s", self.peer, str(exc))
             self._refuse(perr.RESOURCE_EXHAUSTED, perr.REASON_FRAME_TOO_LARGE, str(exc))
         except perr.FramingError as exc:
-            log.warning("closing %s: %s", self.peer, exc)
+            log.warning("closing %s: %s", self.peer, str(exc))
             self.close()
 
     def _data_before_hello(self, data: bytes) -> None:
@@ -910,13 +919,13 @@ class ClientConnection(asyncio.Protocol):
                 frames = reader.feed(chunk, 1)
             except perr.FrameTooLarge as exc:
                 self.server.warn.warning(
-                    "frame_before_hello", "closing %s before hello: %s", self.peer, exc
+                    "frame_before_hello", "closing %s before hello: %s", self.peer, str(exc)
                 )
                 self._refuse(perr.RESOURCE_EXHAUSTED, perr.REASON_FRAME_TOO_LARGE, str(exc))
                 return
             except perr.FramingError as exc:
                 self.server.warn.warning(
-                    "framing_before_hello", "closing %s before hello: %s", self.peer, exc
+                    "framing_before_hello", "closing %s before hello: %s", self.peer, str(exc)
                 )
                 self.close()
                 return
@@ -1064,6 +1073,7 @@ class ClientConnection(asyncio.Protocol):
             task.cancel()
 
     def _handshake_expired(self) -> None:
+        self._handshake_timer = None
         if not self.hello_done and not self.closed:
             self.server.warn.warning(
                 "no_hello",
@@ -1076,10 +1086,13 @@ class ClientConnection(asyncio.Protocol):
     # -- dispatch ------------------------------------------------------------------------
 
     def _handle_frame(self, frame: bytes) -> None:
+        # Errors are logged by their text, never as objects: a log record that is
+        # kept (a queueing or buffering handler) would keep the exception, its
+        # traceback's frames and through them this connection.
         try:
             request = pm.decode_request(frame)
         except perr.ProtocolViolation as exc:
-            log.warning("closing %s: %s", self.peer, exc)
+            log.warning("closing %s: %s", self.peer, str(exc))
             self.close()
             return
         except perr.ProtocolError as exc:
