@@ -74,6 +74,7 @@ from sepp.client.types import (
     ReserveOptions,
     UndecodableJob,
 )
+from sepp.protocol.messages import OP_ACK
 
 __all__ = [
     "DuplicateHandlerError",
@@ -249,6 +250,31 @@ class _ReleaseJob(Exception):
 
 
 _RELEASE = _ReleaseJob()
+
+
+class _AckOutcome:
+    """Where the answer of one job's coalesced ack goes (the client's `Outcome`:
+    what a future would be told), straight to the worker, with no task waiting."""
+
+    __slots__ = ("_ctx", "_done", "_worker")
+
+    def __init__(self, worker: Worker, ctx: JobCtx) -> None:
+        self._worker = worker
+        self._ctx = ctx
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: dict[str, Any], /) -> None:
+        if not self._done:
+            self._done = True
+            self._worker._ack_answered(self._ctx, None)
+
+    def set_exception(self, error: BaseException, /) -> None:
+        if not self._done:
+            self._done = True
+            self._worker._ack_answered(self._ctx, error)
 
 
 class _Running:
@@ -484,6 +510,10 @@ class Worker:
         self._stop_error: ClientClosedError | None = None
         # Loop time before which no reserve is sent (after a failure).
         self._paused_until = 0.0
+        # Acks sent without waiting whose answers are still due, and what
+        # `_drain` waits on for them.
+        self._acks_due = 0
+        self._acks_waiter: asyncio.Future[None] | None = None
         self._signals_received = 0
 
     # -- configuration -------------------------------------------------------------------------
@@ -634,11 +664,21 @@ class Worker:
                 executor.shutdown(wait=False)
 
     async def _drain(self) -> None:
-        """Wait for the running jobs (handlers, then their acks and nacks) and
-        for the dead-lettering of undecodable jobs."""
-        while self._tasks or self._background:
-            await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
-            self._forget_unstarted()
+        """Wait for the running jobs (handlers, then their acks and nacks), for
+        the dead-lettering of undecodable jobs and for the answers of acks sent
+        without waiting."""
+        while True:
+            if self._tasks or self._background:
+                await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+                self._forget_unstarted()
+            elif self._acks_due:
+                self._acks_waiter = self._loop.create_future()
+                try:
+                    await self._acks_waiter
+                finally:
+                    self._acks_waiter = None
+            else:
+                return
 
     async def _wake_on_shutdown(self) -> None:
         await self._shutdown.wait()
@@ -941,6 +981,8 @@ class Worker:
                 if outcome is _RELEASE:
                     await self._release(ctx)
                     return
+                if outcome is None and self._ack_without_waiting(ctx):
+                    return
                 await self._settle(ctx, outcome)
         except Exception as exc:
             # A bug on this side (a handler's own failure is data, settled
@@ -1131,9 +1173,53 @@ class Worker:
                 ctx.id,
             )
 
-    async def _settle(self, ctx: JobCtx, outcome: Exception | None) -> None:
-        """Ack or nack after the handler. A fencing error means the lease was
+    def _ack_without_waiting(self, ctx: JobCtx) -> bool:
+        """Join the ack of `ctx` to this moment's coalesced settle without a
+        coroutine or a future: its answer reaches `_AckOutcome`, and the job's
+        task ends now (`_drain` waits for the answers still due). False if the
+        client cannot take it that way (no settle on this server, a congested
+        connection, OpenTelemetry spans on): then the ack is awaited as usual."""
+        outcome = _AckOutcome(self, ctx)
+        if not self._client._settle_nowait(OP_ACK, SeppClient._lease_body(ctx), outcome):
+            return False
+        self._acks_due += 1
+        return True
+
+    def _ack_answered(self, ctx: JobCtx, error: BaseException | None) -> None:
+        self._acks_due -= 1
+        waiter = self._acks_waiter
+        if self._acks_due == 0 and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if error is None:
+            self._metrics.record_processed()
+        elif isinstance(error, SeppError):
+            self._report_failed(ctx, "ack", error)
+        else:
+            logger.error("the ack of job %s failed: %r", ctx.id, error, exc_info=error)
+
+    def _report_failed(self, ctx: JobCtx, action: str, exc: SeppError) -> None:
+        """An ack or nack refused or failed. A fencing error means the lease was
         lost meanwhile (another worker may run the job): a WARNING, not raised."""
+        if isinstance(exc, JobNotFoundError | AttemptMismatchError):
+            self._metrics.record_lease_lost()
+            logger.warning(
+                "job %s (type %s, attempt %d): lease lost before its %s (%s): the job is "
+                "no longer ours and another worker may run it again; keep auto_extend on "
+                "or lease for longer",
+                ctx.id,
+                ctx.job_type,
+                ctx.attempt,
+                action,
+                exc,
+            )
+            return
+        logger.warning(
+            "could not report job %s (it comes back when its lease expires): %s", ctx.id, exc
+        )
+
+    async def _settle(self, ctx: JobCtx, outcome: Exception | None) -> None:
+        """Ack or nack after the handler; failures are logged (`_report_failed`),
+        not raised."""
         action = "ack" if outcome is None else "nack"
         try:
             if outcome is None:
@@ -1149,19 +1235,5 @@ class Worker:
                 logger.warning("job %s: %s; nacking for retry", ctx.id, reason, exc_info=outcome)
             dead_lettered = await self._client.nack(ctx, directive, reason)
             self._metrics.record_nacked(dead_lettered)
-        except (JobNotFoundError, AttemptMismatchError) as exc:
-            self._metrics.record_lease_lost()
-            logger.warning(
-                "job %s (type %s, attempt %d): lease lost before its %s (%s): the job is "
-                "no longer ours and another worker may run it again; keep auto_extend on "
-                "or lease for longer",
-                ctx.id,
-                ctx.job_type,
-                ctx.attempt,
-                action,
-                exc,
-            )
         except SeppError as exc:
-            logger.warning(
-                "could not report job %s (it comes back when its lease expires): %s", ctx.id, exc
-            )
+            self._report_failed(ctx, action, exc)

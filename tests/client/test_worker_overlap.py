@@ -25,6 +25,7 @@ from sepp.client import (
     ReserveOptions,
     SeppClient,
     Worker,
+    WorkerMetrics,
 )
 from sepp.protocol import Request
 from sepp.server.server import SeppServer
@@ -257,4 +258,99 @@ async def test_one_lost_lease_among_running_jobs_is_a_quiet_warning(
         assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
         assert lost in warnings[0].getMessage() and "lease lost" in warnings[0].getMessage()
         assert warnings[0].exc_info is None
+        await client.close()
+
+
+async def test_acks_sent_without_waiting_are_answered_before_run_returns_and_fencing_stays_quiet(
+    in_process_env: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Against a server with `settle`, an ack joins the coalesced settle without
+    # a task waiting for it: run() must still wait for every answer, count each
+    # acked job, and turn a fencing refusal into the usual quiet warning.
+    jobs = 20
+    processed: list[None] = []
+
+    class Count(WorkerMetrics):
+        def record_processed(self) -> None:
+            processed.append(None)
+
+    async with in_process(in_process_config()) as server:
+        client = await SeppClient.connect(address_of(server))
+        producer = await SeppClient.connect(address_of(server))
+        worker = Worker(
+            client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_in_flight=8, metrics=Count()
+        )
+        fenced: list[str] = []
+
+        @worker.handler("t")
+        async def work(payload: Payload | None, ctx: JobCtx) -> None:
+            if not fenced:
+                # Someone else takes the job back meanwhile: this ack is refused.
+                fenced.append(ctx.id)
+                await producer.release(ctx)
+
+        sent_without_waiting: list[str] = []
+        settle_nowait = client._settle_nowait
+
+        def spy(op: str, body: dict[str, Any], outcome: Any) -> bool:
+            taken = settle_nowait(op, body, outcome)
+            if taken:
+                sent_without_waiting.append(op)
+            return taken
+
+        client._settle_nowait = spy  # type: ignore[method-assign]
+        await producer.enqueue_batch([EnqueueRequest("q", "t") for _ in range(jobs)])
+        task = asyncio.ensure_future(worker.run())
+        # The released job comes back (same attempt) and is acked the second time.
+        await eventually(lambda: len(processed) == jobs)
+        worker.stop()
+        await task
+        stats = (await producer.queue_stats(["q"]))[0]
+        assert (stats.ready, stats.in_flight) == (0, 0)
+        assert sent_without_waiting == ["ack"] * (jobs + 1)
+        warnings = [
+            r
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name.startswith("sepp.client")
+        ]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        message = warnings[0].getMessage()
+        assert warnings[0].levelno == logging.WARNING and fenced[0] in message
+        assert "lease lost before its ack" in message
+        await producer.close()
+        await client.close()
+
+
+async def test_run_returns_only_once_every_ack_is_answered(in_process_env: None) -> None:
+    jobs = 50
+    processed: list[None] = []
+    started = asyncio.Event()
+    gate = asyncio.Event()
+
+    class Count(WorkerMetrics):
+        def record_processed(self) -> None:
+            processed.append(None)
+
+    async with in_process(in_process_config()) as server:
+        client = await SeppClient.connect(address_of(server))
+        producer = await SeppClient.connect(address_of(server))
+        worker = Worker(
+            client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_in_flight=jobs, metrics=Count()
+        )
+
+        @worker.handler("t")
+        async def held(payload: Payload | None, ctx: JobCtx) -> None:
+            started.set()
+            await gate.wait()
+
+        await producer.enqueue_batch([EnqueueRequest("q", "t") for _ in range(jobs)])
+        task = asyncio.ensure_future(worker.run())
+        await eventually(lambda: worker.in_flight == jobs)
+        worker.stop()
+        gate.set()  # every handler returns at once; their acks leave together
+        await task
+        assert len(processed) == jobs  # each ack was answered before run returned
+        stats = (await producer.queue_stats(["q"]))[0]
+        assert (stats.ready, stats.in_flight) == (0, 0)
+        await producer.close()
         await client.close()
