@@ -825,9 +825,6 @@ class Worker:
                 self._pause_reserving(EARLY_EMPTY_BACKOFF_S)
             return None
         self._metrics.record_reserve_ok(False)
-        # The answer is in: its slots move from promised to running (in this
-        # one step, so the loop never sees them counted twice or not at all).
-        self._reserve_ended(task)
         # The jobs of one answer were leased at the same moment for the same
         # duration: one first renewal time serves them all.
         extend_due = 0.0
@@ -843,6 +840,12 @@ class Worker:
             self._start(job, extend_due)
         running = _Running(jobs[0].ctx)
         self._adopt(running, task, extend_due)
+        # The answer is in: its slots moved from promised to running in this one
+        # step, so the loop never sees them counted twice or not at all. Woken
+        # after the job tasks were scheduled, the loop runs after their first
+        # steps: quick handlers are done by then, and it asks for all of their
+        # slots in one reserve instead of one at a time.
+        self._reserve_ended(task)
         return jobs[0], running
 
     def _reserve_ended(self, task: asyncio.Task[None]) -> None:

@@ -248,7 +248,10 @@ async def test_max_jobs_caps_each_reserve(fake: FakeServer) -> None:
         task = asyncio.ensure_future(worker.run())
         await fake.wait_until(lambda: len(fake.queue.acked) == 5)
         await stop(worker, task)
-        assert {r["max_jobs"] for r in fake.queue.reserves} == {2}
+        # Each reserve asks for at most max_jobs, fewer when fewer slots are free.
+        asked = [r["max_jobs"] for r in fake.queue.reserves]
+        assert max(asked) == 2 and min(asked) >= 1, asked
+        assert asked[:4] == [2, 2, 2, 2]  # the first four fill the 8 free slots
         await client.close()
 
 
