@@ -25,7 +25,7 @@ from log_format.catalogue import (
     FieldSpec,
     validate_event,
 )
-from log_format.crc import CRC_MASK_DELTA, masked_crc32c, unmask_crc
+from log_format.crc import CRC_MASK_DELTA, masked_crc32c, masked_crc32c_parts, unmask_crc
 from log_format.envelope import (
     COMMAND_ACK,
     COMMAND_DEAD_LETTER_JOBS,
@@ -44,6 +44,7 @@ from log_format.envelope import (
     Envelope,
     decode_envelope,
     encode_envelope,
+    encode_envelope_parts,
 )
 from log_format.errors import FormatError
 from log_format.fastpath import ValidEnvelopes
@@ -88,6 +89,7 @@ from log_format.records import (
     UnsyncedHole,
     encode_record,
     encode_record_header,
+    encode_record_header_parts,
     find_next_valid_record,
     scan_records,
     scan_snapshot_records,
@@ -152,12 +154,15 @@ __all__ = [
     "decode_segment_header",
     "decode_snapshot_header",
     "encode_envelope",
+    "encode_envelope_parts",
     "encode_record",
     "encode_record_header",
+    "encode_record_header_parts",
     "encode_segment_header",
     "encode_snapshot_header",
     "find_next_valid_record",
     "masked_crc32c",
+    "masked_crc32c_parts",
     "parse_segment_file_name",
     "parse_snapshot_file_name",
     "read_segment",

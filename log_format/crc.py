@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from crc32c import crc32c
 
-__all__ = ["CRC_MASK_DELTA", "masked_crc32c", "unmask_crc"]
+__all__ = ["CRC_MASK_DELTA", "masked_crc32c", "masked_crc32c_parts", "unmask_crc"]
 
 CRC_MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
@@ -25,6 +25,14 @@ _U32 = 0xFFFFFFFF
 def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     """The masked CRC32C of `data`: rotate right by 15 bits, add 0xA282EAD8 (mod 2**32)."""
     crc: int = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + CRC_MASK_DELTA) & _U32
+
+
+def masked_crc32c_parts(parts: list[bytes]) -> int:
+    """`masked_crc32c` of the concatenation of `parts`, without concatenating them."""
+    crc: int = 0
+    for part in parts:
+        crc = crc32c(part, crc)
     return (((crc >> 15) | (crc << 17)) + CRC_MASK_DELTA) & _U32
 
 

@@ -40,7 +40,7 @@ from typing import NamedTuple, TypeAlias
 from crc32c import crc32c
 
 from log_format._bytes import BytesLike, all_zero, byte_view
-from log_format.crc import CRC_MASK_DELTA, masked_crc32c
+from log_format.crc import CRC_MASK_DELTA, masked_crc32c, masked_crc32c_parts
 from log_format.envelope import decode_envelope
 from log_format.errors import FormatError
 from log_format.files import FILE_HEADER_BYTES
@@ -72,6 +72,7 @@ __all__ = [
     "UnsyncedHole",
     "encode_record",
     "encode_record_header",
+    "encode_record_header_parts",
     "find_next_valid_record",
     "scan_records",
     "scan_snapshot_records",
@@ -204,6 +205,25 @@ def encode_record_header(seq: int, kind: int, body: bytes | bytearray | memoryvi
     if body_len > RECORD_BODY_BYTES_MAX:
         raise ValueError(f"record body of {body_len} bytes exceeds {RECORD_BODY_BYTES_MAX}")
     covered = _COVERED.pack(masked_crc32c(body), body_len, kind, seq)
+    return _U32.pack(masked_crc32c(covered)) + covered
+
+
+def encode_record_header_parts(seq: int, kind: int, parts: list[bytes]) -> bytes:
+    """The 24-byte header for a body given as parts (their concatenation), for a
+    writer that writes the header and then the parts as they are (no copy of
+    them: `encode_envelope_parts`). Raises ValueError for a caller bug."""
+    if kind not in RECORD_KINDS:
+        raise ValueError(f"invalid record kind {kind!r}")
+    if type(seq) is not int or not 1 <= seq <= _U64_MAX:
+        raise ValueError(f"seq must be an int in 1..2**64-1, got {seq!r}")
+    body_len = 0
+    for part in parts:
+        if type(part) is not bytes:
+            raise ValueError(f"a body part must be bytes, got {type(part).__name__}")
+        body_len += len(part)
+    if body_len > RECORD_BODY_BYTES_MAX:
+        raise ValueError(f"record body of {body_len} bytes exceeds {RECORD_BODY_BYTES_MAX}")
+    covered = _COVERED.pack(masked_crc32c_parts(parts), body_len, kind, seq)
     return _U32.pack(masked_crc32c(covered)) + covered
 
 

@@ -8,7 +8,9 @@ and the bounded backlog of commands waiting for durability. The group committer
 is one of two (`storage.sync_method`, `resolve_sync_method`): the storage
 engine's flushing thread (`GroupCommitter`: writes and syncs), or `LoopCommitter`
 (the loop thread writes each batch, Linux AIO syncs it: no Python thread, no GIL
-hand-off per commit; benchmarks/README.md finding 15).
+hand-off per commit; benchmarks/README.md finding 15; a batch of at least
+`WRITE_OFF_LOOP_BYTES_MIN` is written by a thread, as a large write would stall
+every connection).
 
 Promises: a reply is never released before its record (or, for a command that
 logged nothing, every record it may have read) is durable per the persist mode;
@@ -24,6 +26,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sepp.core.commands import Command
@@ -44,6 +47,10 @@ SYNC_METHODS = ("auto", "thread", "aio")
 
 # Within one loop turn, wake the flusher at least every this many commands.
 WAKE_EVERY = 64
+
+# LoopCommitter: a batch at least this long is written by its writer thread, not
+# the loop thread (an 8 MiB write held every connection for 3-16 ms).
+WRITE_OFF_LOOP_BYTES_MIN = 1 << 20
 
 
 def wall_clock_ms() -> int:
@@ -253,7 +260,10 @@ class LoopCommitter:
     itself and queues its sync through Linux AIO; the sync's completion (an
     eventfd the loop watches) releases the batch's waiters and writes the next
     batch, if one gathered meanwhile. One sync in flight at a time, so a batch is
-    everything that arrived while the previous one was syncing.
+    everything that arrived while the previous one was syncing. A batch of at
+    least `WRITE_OFF_LOOP_BYTES_MIN` is written by a thread of its own instead (a
+    large write would stall every connection), and its sync queued from the loop
+    when the write returns: still one write or sync in flight at a time.
 
     Same face as `GroupCommitter` (start / wake / stop, the callbacks run on the
     loop thread), for the sync persist modes on the real file system."""
@@ -277,6 +287,7 @@ class LoopCommitter:
         self._failed = False
         self._stopping = False
         self._idle: asyncio.Future[None] | None = None  # stop() waits on it
+        self._writer: ThreadPoolExecutor | None = None  # for large batches
 
     def start(self) -> None:
         self._aio = self._aio_factory()
@@ -291,19 +302,56 @@ class LoopCommitter:
         if aio is None or self._stopping:  # stop() flushes what is left
             return
         engine = self.engine
+        if engine.pending_bytes() >= WRITE_OFF_LOOP_BYTES_MIN:
+            writer = self._writer
+            if writer is None:
+                writer = self._writer = ThreadPoolExecutor(1, thread_name_prefix="sepp-write")
+            self._syncing = True  # the write, then its sync: nothing else meanwhile
+            writer.submit(self._write_off_loop)
+            return
         try:
             written = engine.write_unsynced()
-            if written is None:
+        except BaseException as exc:
+            self._written(None, exc)
+            return
+        self._written(written, None)
+
+    def _write_off_loop(self) -> None:
+        """On the writer thread: write the batch, then hand it to the loop."""
+        try:
+            written = self.engine.write_unsynced()
+        except BaseException as exc:
+            self._loop.call_soon_threadsafe(self._written, None, exc)
+            return
+        self._loop.call_soon_threadsafe(self._written, written, None)
+
+    def _written(self, written: tuple[int, int] | None, error: BaseException | None) -> None:
+        """On the loop thread: queue the sync of the batch just written (or fail)."""
+        engine = self.engine
+        aio = self._aio
+        try:
+            if error is not None:
+                raise error
+            if written is None:  # nothing was buffered after all
+                self._syncing = False
+                self._release_idle()
+                self.wake()
                 return
             last_seq, fd = written
+            if aio is None:  # pragma: no cover - stop() waits for the write first
+                raise engine.sync_failed(RuntimeError("AIO closed with a write in flight"))
             try:
                 aio.submit(fd, self._datasync, last_seq)
             except OSError as exc:
                 raise engine.sync_failed(exc) from exc
         except StorageFailed as exc:
+            self._syncing = False
+            self._release_idle()
             self._fail(exc)
             return
         except Exception as exc:  # a bug: report it, never leave the waiters hanging
+            self._syncing = False
+            self._release_idle()
             engine.sync_failed(exc)
             self._fail(exc)
             return
@@ -322,11 +370,14 @@ class LoopCommitter:
             self._finish(last_seq, result)
         self.wake()
 
-    def _finish(self, last_seq: int, result: int) -> None:
-        self._syncing = False
+    def _release_idle(self) -> None:
         idle, self._idle = self._idle, None
         if idle is not None and not idle.done():
             idle.set_result(None)
+
+    def _finish(self, last_seq: int, result: int) -> None:
+        self._syncing = False
+        self._release_idle()
         if self._failed:
             return
         if result < 0:
@@ -352,6 +403,9 @@ class LoopCommitter:
             await self._idle
         self._loop.remove_reader(aio.eventfd)
         self._aio = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=False)  # idle: its last write was synced above
         for last_seq, result in await asyncio.to_thread(aio.close):
             self._finish(last_seq, result)
         if self._failed or not self.engine.has_pending():

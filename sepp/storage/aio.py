@@ -105,6 +105,12 @@ class AioSync:
         libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = libc.syscall
         self._syscall.restype = ctypes.c_long
+        # io_submit and a non-blocking io_getevents return at once: called with
+        # the GIL held (PyDLL). Released, as CDLL does, the loop thread had to win
+        # the GIL back after each -- from a thread copying a large batch, which
+        # holds it for milliseconds (tens of ms per 8 MiB request, measured).
+        self._quick_syscall = ctypes.PyDLL(None, use_errno=True).syscall
+        self._quick_syscall.restype = ctypes.c_long
         self._ctx = ctypes.c_ulong(0)
         if self._syscall(self._setup, depth, ctypes.byref(self._ctx)) != 0:
             errno = ctypes.get_errno()
@@ -133,7 +139,7 @@ class AioSync:
         _IOCB.pack_into(
             self._iocb, 0, token, 0, 0, opcode, 0, fd, 0, 0, 0, 0, IOCB_FLAG_RESFD, self.eventfd
         )
-        if self._syscall(self._submit, self._ctx, 1, self._iocb_list) != 1:
+        if self._quick_syscall(self._submit, self._ctx, 1, self._iocb_list) != 1:
             errno = ctypes.get_errno()
             raise OSError(errno, f"io_submit: {os.strerror(errno)}")
         self.in_flight += 1
@@ -159,11 +165,11 @@ class AioSync:
         return done
 
     def _get_events(self, min_nr: int, timeout: ctypes.Array[ctypes.c_char] | None) -> int:
+        # Waiting (min_nr > 0) releases the GIL; a non-blocking look keeps it.
+        syscall = self._syscall if min_nr else self._quick_syscall
         while True:
             count = int(
-                self._syscall(
-                    self._getevents, self._ctx, min_nr, _MAX_EVENTS, self._events, timeout
-                )
+                syscall(self._getevents, self._ctx, min_nr, _MAX_EVENTS, self._events, timeout)
             )
             if count >= 0:
                 return count

@@ -40,7 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from log_format import RECORD_KIND_COMMAND, encode_envelope, encode_record, snapshot_file_name
+from log_format import (
+    RECORD_KIND_COMMAND,
+    encode_envelope_parts,
+    encode_record,
+    encode_record_header_parts,
+    snapshot_file_name,
+)
 from sepp.core.apply import APPLY_TABLE, ApplyError
 from sepp.core.commands import Command
 from sepp.core.config import CoreConfig
@@ -73,6 +79,9 @@ log = logging.getLogger("sepp.storage")
 RETENTION_PACE_S = 0.05
 RETENTION_PACE_BYTES = 64 * 1024 * 1024
 
+# A batch of at least this many bytes is written from its parts (pwritev), not
+# joined into one buffer first.
+WRITE_PARTS_BYTES_MIN = 1 << 20
 LOCK_FILE = "LOCK"
 
 SNAPSHOT_FORK = "fork"
@@ -149,8 +158,10 @@ class Engine:
         # synced per the persist mode).
         self.appended_seq = next_seq - 1
         self.durable_seq = next_seq - 1
+        # The records not yet written, each as one or more parts (in order).
         self._pending: list[bytes] = []
-        self._pending_bytes = 0
+        self._pending_bytes = 0  # the length of the records in _pending
+        self._pending_records = 0
         self._pending_time_ms = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -248,20 +259,25 @@ class Engine:
         time_ms = decision.time_ms
         # Encode before applying: if a value cannot be encoded, nothing changed.
         seq = self.appended_seq + 1
-        record = encode_record(
-            seq,
-            RECORD_KIND_COMMAND,
-            # [type, version, *fields]: events.to_fields, inlined (hot path). The
-            # writer's synced seq (read now, so at most what was synced when the
-            # record is written) is the record's claim of what was durable before
-            # it: recovery tells an unsynced hole from lost synced data by it.
-            encode_envelope(
-                time_ms,
-                command.kind,
-                [[e.TYPE, e.VERSION, *e] for e in events],
-                self._writer.synced_seq,
-            ),
+        # [type, version, *fields]: events.to_fields, inlined (hot path). The
+        # writer's synced seq (read now, so at most what was synced when the record
+        # is written) is the record's claim of what was durable before it:
+        # recovery tells an unsynced hole from lost synced data by it.
+        body = encode_envelope_parts(
+            time_ms,
+            command.kind,
+            [[e.TYPE, e.VERSION, *e] for e in events],
+            self._writer.synced_seq,
         )
+        parts: list[bytes] | None = None
+        if len(body) == 1:
+            record = encode_record(seq, RECORD_KIND_COMMAND, body[0])
+            record_bytes = len(record)
+        else:
+            # Large bytes fields (payloads) are kept as the objects they are, not
+            # copied on the event loop: the batch's write takes them as parts.
+            parts = [encode_record_header_parts(seq, RECORD_KIND_COMMAND, body), *body]
+            record_bytes = sum(map(len, parts))
         try:
             if time_ms > state.clock_ms:
                 state.clock_ms = time_ms
@@ -274,14 +290,23 @@ class Engine:
             self._fail(exc)
             raise StorageFailed(f"apply failed: {exc}") from exc
         with self._lock:
-            self._pending.append(record)
+            if parts is None:
+                self._pending.append(record)
+            else:
+                self._pending += parts
+            self._pending_bytes += record_bytes
+            self._pending_records += 1
             self._pending_time_ms = time_ms
             self.appended_seq = seq
-        self._bytes_since_snapshot += len(record)
+        self._bytes_since_snapshot += record_bytes
         return decision, seq
 
     def has_pending(self) -> bool:
         return bool(self._pending)
+
+    def pending_bytes(self) -> int:
+        """How many bytes of records are buffered, not yet written."""
+        return self._pending_bytes
 
     def flush(self) -> int:
         """Write and sync everything buffered (one write, one sync). Returns the
@@ -324,11 +349,17 @@ class Engine:
             batch = self._pending
             if not batch:
                 return None
+            records = self._pending_records
+            size = self._pending_bytes
             self._pending = []
+            self._pending_bytes = 0
+            self._pending_records = 0
             last_seq = self.appended_seq
             time_ms = self._pending_time_ms
-        first_seq = last_seq - len(batch) + 1
-        data = b"".join(batch)
+        first_seq = last_seq - records + 1
+        # A large batch goes to the writer as its parts: one pwritev, which releases
+        # the GIL for the copy (b"".join would hold it, stalling the event loop).
+        data: bytes | list[bytes] = batch if size >= WRITE_PARTS_BYTES_MIN else b"".join(batch)
         try:
             self._writer.append(data, first_seq, last_seq, time_ms, sync=sync)
         except OSError as exc:
@@ -336,8 +367,8 @@ class Engine:
             raise StorageFailed(f"log write failed: {exc}") from exc
         stats = self.stats
         stats["flushes"] += 1
-        stats["records"] += len(batch)
-        stats["bytes"] += len(data)
+        stats["records"] += records
+        stats["bytes"] += size
         return last_seq
 
     def _set_durable(self, last_seq: int) -> None:

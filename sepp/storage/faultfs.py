@@ -381,6 +381,9 @@ class FaultyFileSystem:
         self._op("write", path)
         self._put_at(path, inode, bytes(data), offset)
 
+    def write_parts_at(self, handle: int, parts: list[bytes], offset: int) -> None:
+        self.write_at(handle, b"".join(parts), offset)
+
     def _put_at(self, path: str, inode: _Inode, data: bytes, offset: int) -> None:
         grow = max(0, offset + len(data) - len(inode.data))
         if self.capacity_bytes is not None and self._used_bytes() + grow > self.capacity_bytes:

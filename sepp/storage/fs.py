@@ -28,6 +28,8 @@ log = logging.getLogger("sepp.storage")
 # whatever the umask (issue 13 §6: files were 0644, directories followed the umask).
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+# Buffers per pwritev call (the kernel's UIO_MAXIOV; POSIX guarantees 16).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 
 # Directories already created or checked by this process: each is warned about at
 # most once, and not at all below one that was (its warning covers them) or below
@@ -114,6 +116,11 @@ class FileSystem(Protocol):
 
     def write_at(self, handle: int, data: bytes | bytearray | memoryview, offset: int) -> None:
         """Write all of `data` at `offset`, growing the file if it ends before."""
+        ...
+
+    def write_parts_at(self, handle: int, parts: list[bytes], offset: int) -> None:
+        """Write the concatenation of `parts` at `offset`, as `write_at` would,
+        without concatenating them first (the real seam uses pwritev)."""
         ...
 
     def write_zeros(self, handle: int, offset: int, size: int) -> None:
@@ -224,6 +231,25 @@ class RealFileSystem:
             if written <= 0:  # pragma: no cover - os.pwrite raises instead
                 raise OSError("short write")
             view = view[written:]
+
+    def write_parts_at(self, handle: int, parts: list[bytes], offset: int) -> None:
+        # pwritev releases the GIL for the whole copy: a b"".join of a large batch
+        # holds it (and so the event loop) for milliseconds.
+        views = [memoryview(part) for part in parts if part]
+        while views:
+            batch = views[:_IOV_MAX]
+            written = os.pwritev(handle, batch, offset)
+            if written <= 0:  # pragma: no cover - os.pwritev raises instead
+                raise OSError("short write")
+            offset += written
+            # Drop what was written; a part written in part keeps its rest.
+            done = 0
+            while done < len(views) and written >= len(views[done]):
+                written -= len(views[done])
+                done += 1
+            del views[:done]
+            if written:
+                views[0] = views[0][written:]
 
     def write_zeros(self, handle: int, offset: int, size: int) -> None:
         # Once per MiB of log: a fresh zeroed buffer costs nothing next to the write.

@@ -5,8 +5,8 @@ segment: append a batch, sync it per the persist mode, rotate at a size limit) a
 the persist modes.
 
 Promises:
-- A batch is written with one write (plus, once per `PREALLOCATE_BYTES` of log,
-  one write of zeros after it) and made durable with one sync (`sync_all`: fsync;
+- A batch is written with one write (a pwritev when given as parts; plus, once
+  per `PREALLOCATE_BYTES` of log, one write of zeros after it) and made durable with one sync (`sync_all`: fsync;
   `sync_data`: fdatasync; `buffer`: none here, the group committer syncs on a
   timer). The caller releases replies only after `append` returns.
 - A new segment's header is written and synced, and its directory synced, before
@@ -213,12 +213,19 @@ class SegmentWriter:
         return self._handle
 
     def append(
-        self, data: bytes, first_seq: int, last_seq: int, last_time_ms: int, *, sync: bool = True
+        self,
+        data: bytes | list[bytes],
+        first_seq: int,
+        last_seq: int,
+        last_time_ms: int,
+        *,
+        sync: bool = True,
     ) -> None:
         """Write a batch of framed records (seqs first_seq..last_seq) and make it
         durable per the persist mode. Rotates first if the active segment is full.
-        `sync=False` (sync persist modes): only write; the caller syncs `handle`
-        and then calls `mark_synced`."""
+        `data` is the batch's bytes, or a list of parts whose concatenation they are
+        (written by one pwritev, not joined first). `sync=False` (sync persist
+        modes): only write; the caller syncs `handle` and then calls `mark_synced`."""
         active = self.segments[-1]
         if active.size >= self.segment_bytes_max and active.last_seq >= active.first_seq:
             self.rotate(first_seq)
@@ -230,8 +237,13 @@ class SegmentWriter:
         handle = self._handle
         if handle is None:  # pragma: no cover - closed writer
             raise RuntimeError("segment writer is closed")
-        end = active.size + len(data)
-        self.fs.write_at(handle, data, active.size)
+        if isinstance(data, list):
+            size = sum(map(len, data))
+            self.fs.write_parts_at(handle, data, active.size)
+        else:
+            size = len(data)
+            self.fs.write_at(handle, data, active.size)
+        end = active.size + size
         if end > self._file_end:
             if self._preallocate:
                 # Grow the file by PREALLOCATE_BYTES of zeros at a time: the syncs
@@ -251,7 +263,7 @@ class SegmentWriter:
             self.synced_seq = last_seq
             self._hook("wal.after_sync")
         with self.lock:
-            active.size += len(data)
+            active.size += size
             active.last_seq = last_seq
             active.last_time_ms = last_time_ms
 

@@ -3,6 +3,7 @@ and a writer that checks what it writes."""
 
 from __future__ import annotations
 
+import random
 import threading
 from typing import Any
 
@@ -18,8 +19,10 @@ from log_format import (
     FormatError,
     decode_envelope,
     encode_envelope,
+    encode_envelope_parts,
     validate_event,
 )
+from log_format.envelope import ENVELOPE_PART_BYTES_MIN
 
 JOB = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
 T = 1_700_000_000_000
@@ -259,3 +262,61 @@ def test_encoding_from_several_threads_gives_identical_bytes() -> None:
         thread.join()
     assert len(results) == 800
     assert set(results) == {expected}
+
+
+# ---------------------------------------------------------------- the writer, in parts
+
+BIG = ENVELOPE_PART_BYTES_MIN
+
+
+def test_envelope_parts_join_to_exactly_the_envelope(rng: random.Random) -> None:
+    for _ in range(200):
+        events: list[Any] = []
+        for _ in range(rng.randint(0, 20)):
+            event: list[Any] = [rng.randint(1, 9), 1]
+            for _ in range(rng.randint(0, 6)):
+                event.append(
+                    rng.choice(
+                        [
+                            rng.randbytes(rng.choice((0, 5, 300, BIG - 1, BIG, BIG + 70000))),
+                            "s" * rng.choice((1, 40, BIG)),
+                            rng.randint(-(2**40), 2**64 - 1),
+                            None,
+                            {"k": [1, b"v"]},
+                        ]
+                    )
+                )
+            events.append(event)
+        synced_seq = rng.choice((None, 0, 255, 2**40))
+        time_ms = rng.choice((0, 0x90, 2**33 + 0x90, T))
+        parts = encode_envelope_parts(time_ms, COMMAND_ENQUEUE, events, synced_seq)
+        assert b"".join(parts) == encode_envelope(time_ms, COMMAND_ENQUEUE, events, synced_seq)
+        large = [f for e in events for f in e if type(f) is bytes and len(f) >= BIG]
+        assert len(parts) == (2 * len(large) + 1 if large else 1)
+
+
+def test_a_large_bytes_field_is_a_part_of_its_own_not_a_copy() -> None:
+    payload = bytes(range(256)) * (BIG // 256)
+    parts = encode_envelope_parts(T, COMMAND_ENQUEUE, [[1, 1, JOB, payload, "raw"]], 7)
+    assert len(parts) == 3 and parts[1] is payload
+    assert list(decode_envelope(b"".join(parts)).events) == [[1, 1, JOB, payload, "raw"]]
+    # Below the threshold: one part.
+    assert len(encode_envelope_parts(T, COMMAND_ENQUEUE, [[1, 1, payload[:-1]]], 7)) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((-1, 1, [[1, 1, b"x" * BIG]]), "time_ms"),
+        ((0, 0, [[1, 1, b"x" * BIG]]), "command kind"),
+        ((0, 1, [[1], [1, 1, b"x" * BIG]]), "an event must be"),
+        ((0, 1, [[1, 1, b"x" * BIG], (1, 1)]), "an event must be"),
+        ((0, 1, [[1, 1, b"x" * BIG]], -1), "synced_seq"),
+        ((0, 1, ()), "events must be a list"),
+    ],
+)
+def test_the_parts_writer_refuses_what_the_envelope_writer_refuses(args: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        encode_envelope_parts(*args)
+    with pytest.raises(TypeError):
+        encode_envelope_parts(0, 1, [[1, 1, b"x" * BIG, object()]])

@@ -17,8 +17,10 @@ from log_format import (
     encode_envelope,
     encode_record,
     encode_record_header,
+    encode_record_header_parts,
     encode_segment_header,
     masked_crc32c,
+    masked_crc32c_parts,
     scan_records,
 )
 
@@ -108,3 +110,29 @@ def test_writer_refuses_invalid_seq(seq: int) -> None:
 def test_writer_refuses_body_over_the_maximum() -> None:
     with pytest.raises(ValueError, match="exceeds"):
         encode_record_header(1, 1, bytes(RECORD_BODY_BYTES_MAX + 1))
+
+
+def test_a_header_over_body_parts_is_the_header_over_their_concatenation() -> None:
+    parts = [b"\x95\x02", bytes(range(256)) * 300, b"", b"tail"]
+    body = b"".join(parts)
+    assert masked_crc32c_parts(parts) == masked_crc32c(body)
+    header = encode_record_header_parts(7, RECORD_KIND_COMMAND, parts)
+    assert header + body == encode_record(7, RECORD_KIND_COMMAND, body)
+    assert encode_record_header_parts(1, RECORD_KIND_COMMAND, []) == encode_record_header(
+        1, RECORD_KIND_COMMAND, b""
+    )
+
+
+@pytest.mark.parametrize(
+    ("seq", "kind", "parts", "match"),
+    [
+        (0, RECORD_KIND_COMMAND, [b"x"], "seq"),
+        (1, 99, [b"x"], "record kind"),
+        (1, RECORD_KIND_COMMAND, [b"x", bytearray(b"y")], "must be bytes"),
+    ],
+)
+def test_a_header_over_parts_refuses_a_caller_bug(
+    seq: int, kind: int, parts: list[bytes], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        encode_record_header_parts(seq, kind, parts)

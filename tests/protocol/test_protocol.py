@@ -4,7 +4,9 @@ sockets. The one rule of its fuzzing: garbage raises the typed error, nothing el
 from __future__ import annotations
 
 import contextlib
+import random
 import struct
+import tracemalloc
 
 import msgpack
 import pytest
@@ -23,6 +25,7 @@ from sepp.protocol import (
     encode_response,
 )
 from sepp.protocol import messages as pm
+from sepp.protocol.framing import PARTS_FRAME_BYTES_MIN
 
 
 def frame_of(value: object) -> bytes:
@@ -93,6 +96,72 @@ def test_frames_before_a_broken_prefix_are_returned_then_the_error_is_raised() -
         reader.raise_pending()
     with pytest.raises(FrameTooLarge):
         reader.feed(b"")
+
+
+def test_large_frames_split_into_reads_of_any_size_come_out_whole_and_in_order(
+    rng: random.Random,
+) -> None:
+    size = PARTS_FRAME_BYTES_MIN * 3 + 5
+    bodies = [bytes([i]) * (size if i % 2 else rng.randint(1, 50)) for i in range(1, 12)]
+    stream = b"".join(encode_frame(body) for body in bodies)
+    for frames_max in (0, 1, 2):
+        reader = FrameReader(size)
+        frames: list[bytes] = []
+        pos = 0
+        while pos < len(stream):
+            step = rng.choice((1, 3, 1000, PARTS_FRAME_BYTES_MIN, size + 7))
+            # Reads arrive as bytes, bytearray or memoryview.
+            chunk = rng.choice((bytes, bytearray, memoryview))(stream[pos : pos + step])
+            pos += step
+            frames += reader.feed(chunk, frames_max)
+        while reader.buffered and (more := reader.feed(b"", frames_max)):
+            frames += more
+        assert frames == bodies
+        assert all(type(frame) is bytes for frame in frames)
+        assert reader.buffered == 0
+
+
+def test_a_large_frame_is_kept_as_its_reads_and_copied_once() -> None:
+    # 8 MiB in 256 KiB reads: growing a buffer, slicing it and converting the slice
+    # allocated three times the body; kept as parts, only the joined frame is new.
+    body = bytes(range(256)) * (8 * 4096)
+    stream = encode_frame(body)
+    reads = [stream[i : i + 256 * 1024] for i in range(0, len(stream), 256 * 1024)]
+    reader = FrameReader()
+    tracemalloc.start()
+    try:
+        frames = []
+        for read in reads:
+            frames += reader.feed(read)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert frames == [body]
+    assert peak < len(body) + 2 * 256 * 1024
+
+
+def test_a_reused_read_buffer_does_not_change_a_large_frame_being_gathered() -> None:
+    body = b"x" * (PARTS_FRAME_BYTES_MIN * 2)
+    stream = encode_frame(body)
+    reader = FrameReader()
+    scratch = bytearray(PARTS_FRAME_BYTES_MIN)
+    frames = []
+    for pos in range(0, len(stream), len(scratch)):
+        piece = stream[pos : pos + len(scratch)]
+        scratch[: len(piece)] = piece
+        frames += reader.feed(memoryview(scratch)[: len(piece)])
+        scratch[:] = bytes(len(scratch))  # the caller reuses its buffer
+    assert frames == [body]
+
+
+def test_a_broken_prefix_behind_a_large_frame_waits_until_the_frame_is_returned() -> None:
+    body = b"y" * PARTS_FRAME_BYTES_MIN
+    reader = FrameReader(PARTS_FRAME_BYTES_MIN)
+    assert reader.feed(encode_frame(body)[:100]) == []
+    assert reader.buffered == 96
+    assert reader.feed(encode_frame(body)[100:] + struct.pack(">I", 0)) == [body]
+    with pytest.raises(ProtocolViolation):
+        reader.raise_pending()
 
 
 def test_a_frame_of_exactly_the_limit_is_accepted() -> None:

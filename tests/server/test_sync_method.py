@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -205,6 +207,120 @@ async def test_stop_waits_for_the_sync_in_flight_then_flushes_the_rest(engine: E
         assert future.done() and future.exception() is None
     assert engine.durable_seq == 4 and aio.closed
     assert len(aio.submitted) == 1
+
+
+class HeldWrites:
+    """Wraps `engine.write_unsynced`: records the thread of each write, and
+    holds a write in a non-loop thread until the test releases it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.write = engine.write_unsynced
+        self.threads: list[int] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self) -> tuple[int, int] | None:
+        self.threads.append(threading.get_ident())
+        if threading.current_thread() is not threading.main_thread():
+            assert self.release.wait(WAIT_S)
+        return self.write()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.001)
+
+
+@pytest.fixture
+def large(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A batch of this many bytes is large (written off the loop thread)."""
+    monkeypatch.setattr(pipeline_module, "WRITE_OFF_LOOP_BYTES_MIN", 4000)
+    return 4000
+
+
+def submit_large(pipeline: CommitPipeline, n: int) -> asyncio.Future[None]:
+    _decision, barrier = pipeline.execute(enqueue_one(n, payload_bytes=4000))
+    future = pipeline.durable(barrier)
+    assert future is not None
+    return future
+
+
+async def test_a_large_batch_is_written_off_the_loop_thread_and_synced_after_the_write(
+    engine: Engine, large: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = HeldWrites(engine)
+    monkeypatch.setattr(engine, "write_unsynced", writes)
+    writes.release.clear()
+    aio = HeldAio()
+    pipeline = started(engine, aio)
+    big = submit_large(pipeline, 0)
+    await until(lambda: len(writes.threads) == 1)
+    assert writes.threads[0] != threading.get_ident()
+    # The loop goes on while the write is held (no other write or sync starts);
+    # what arrives meanwhile joins the batch the thread takes when it writes.
+    small = submit(pipeline, 1)
+    await turns()
+    assert aio.submitted == [] and not big.done() and len(writes.threads) == 1
+    writes.release.set()
+    await until(lambda: len(aio.submitted) == 1)  # its sync, queued once written
+    assert [(d, token) for _fd, d, token in aio.submitted] == [(True, 2)]
+    await turns()
+    assert not big.done() and not small.done() and engine.durable_seq == 0
+    aio.complete()
+    await asyncio.wait_for(asyncio.gather(big, small), WAIT_S)
+    # A small batch is written on the loop thread itself.
+    last = submit(pipeline, 2)
+    await until(lambda: len(aio.submitted) == 2)
+    assert writes.threads[1] == threading.get_ident()
+    aio.complete()
+    await asyncio.wait_for(last, WAIT_S)
+    assert engine.durable_seq == 3
+    await pipeline.stop()
+    assert aio.closed
+
+
+async def test_a_large_batch_whose_write_fails_fails_every_waiter_and_storage_for_good(
+    engine: Engine, large: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(engine._writer, "append", failing)
+    aio = HeldAio()
+    pipeline = started(engine, aio)
+    big = submit_large(pipeline, 0)
+    with pytest.raises(StorageFailed, match="Input/output error"):
+        await asyncio.wait_for(big, WAIT_S)
+    assert engine.failure is not None and pipeline.failure is not None
+    with pytest.raises(StorageFailed):
+        pipeline.execute(enqueue_one(9))
+    assert aio.submitted == []
+    await asyncio.wait_for(pipeline.stop(), WAIT_S)
+    assert aio.closed
+
+
+async def test_stop_waits_for_a_large_write_in_flight_and_its_sync(
+    engine: Engine, large: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = HeldWrites(engine)
+    monkeypatch.setattr(engine, "write_unsynced", writes)
+    writes.release.clear()
+    aio = HeldAio()
+    pipeline = started(engine, aio)
+    big = submit_large(pipeline, 0)
+    await until(lambda: len(writes.threads) == 1)
+    stopping = asyncio.ensure_future(pipeline.stop())
+    await turns(5)
+    assert not stopping.done()
+    writes.release.set()
+    await until(lambda: len(aio.submitted) == 1)
+    assert not stopping.done()
+    aio.complete()
+    await asyncio.wait_for(stopping, WAIT_S)
+    assert big.done() and big.exception() is None
+    assert engine.durable_seq == 1 and aio.closed
 
 
 @needs_aio

@@ -9,11 +9,13 @@ what a crash would keep.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import select
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +62,41 @@ def test_a_sync_completes_on_the_eventfd_with_its_token(tmp_path: Path, datasync
         assert aio.in_flight == 0
         # The eventfd was drained: nothing more to reap until the next sync.
         assert aio.reap() == []
+    finally:
+        aio.close()
+        os.close(fd)
+
+
+@needs_aio
+def test_submit_and_a_look_for_completions_keep_the_gil_and_only_a_wait_lets_it_go(
+    tmp_path: Path,
+) -> None:
+    # The loop thread must not have to win the GIL back from a thread copying a
+    # large batch after each io_submit: the calls that return at once keep it.
+    aio = AioSync(4)
+    quick = aio._quick_syscall
+    assert quick._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+    assert not aio._syscall._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+    used: list[str] = []
+
+    def spy(name: str, call: Any) -> Any:
+        def called(*args: Any) -> Any:
+            used.append(name)
+            return call(*args)
+
+        return called
+
+    aio._quick_syscall = spy("quick", aio._quick_syscall)
+    aio._syscall = spy("releasing", aio._syscall)
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, b"x" * 4096)
+        aio.submit(fd, True, 1)
+        aio.reap()  # a look, whatever it finds
+        assert used and set(used) == {"quick"}
+        used.clear()
+        aio.close()  # waits for the sync in flight, if any: releasing the GIL
+        assert "quick" not in used
     finally:
         aio.close()
         os.close(fd)

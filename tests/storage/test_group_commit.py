@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from log_format import FILE_HEADER_BYTES, parse_segment_file_name, segment_file_name
+from log_format.envelope import ENVELOPE_PART_BYTES_MIN
 from sepp.core import Ack, Enqueue, NewJob, Reserve, Sweep
 from sepp.core.results import CommandError, EnqueueResult, ReserveResult
 from sepp.storage import GroupCommitter, StorageFailed
@@ -139,6 +140,29 @@ def test_flush_with_nothing_buffered_touches_no_file() -> None:
     assert engine.execute(Sweep(), T0 + 1)[1] == 1  # nothing due: nothing logged
     assert engine.flush() == 1
     assert fs.ops == []
+
+
+def test_records_with_large_payloads_are_written_in_one_write_and_replay_the_same() -> None:
+    # A payload of at least ENVELOPE_PART_BYTES_MIN is buffered as the object it
+    # is (no copy on the event loop) and joined by the batch's write.
+    fs = FaultyFileSystem()
+    engine = open_engine(fs)
+    sizes = [ENVELOPE_PART_BYTES_MIN, 10, ENVELOPE_PART_BYTES_MIN * 2 + 1, 0, 3]
+    for n, size in enumerate(sizes):
+        engine.execute(enqueue_one(n, payload_bytes=size), T0 + n)
+    assert engine.pending_bytes() > 3 * ENVELOPE_PART_BYTES_MIN
+    start_recording(fs)
+    assert engine.flush() == len(sizes) == engine.stats["records"]
+    assert wal_ops(fs) == ["write", "fsync"] and engine.pending_bytes() == 0
+    [path] = segment_paths(fs)
+    _first_seq, records, _end = segment_records(fs.read(path))
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5]
+    engine.close()
+    again = open_engine(fs)
+    for n, size in enumerate(sizes):
+        job = again.state.jobs[numbered_id(n)]
+        assert job.payload_data == enqueue_one(n, payload_bytes=size).jobs[0].payload_data
+    assert again.state.canonical() == engine.state.canonical()
 
 
 # ---------------------------------------------------------------- barriers

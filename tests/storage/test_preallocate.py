@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from sepp.storage import Engine, RealFileSystem, StorageFailed, StorageOptions
+from sepp.storage import engine as engine_module
 from sepp.storage.faultfs import FaultyFileSystem
 from sepp.storage.wal import PREALLOCATE_BYTES
 from tests.storage.helpers import (
@@ -153,6 +154,55 @@ def test_write_at_and_write_zeros_on_real_files(tmp_path: Path) -> None:
     finally:
         fs.close(handle)
     assert Path(path).read_bytes()[:4] == b"Zbc\0"
+
+
+def test_write_parts_at_writes_their_concatenation_through_short_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rng: Any
+) -> None:
+    # More parts than one pwritev takes, empty ones among them, and a kernel that
+    # writes only part of what it is given: the file holds exactly the parts.
+    parts = [rng.randbytes(rng.choice((0, 1, 7, 300))) for _ in range(3000)]
+    real_pwritev = os.pwritev
+    calls: list[int] = []
+
+    def short_pwritev(fd: int, buffers: list[Any], offset: int) -> int:
+        calls.append(len(buffers))
+        want = sum(len(b) for b in buffers)
+        if want > 1:
+            # Give the kernel all but a random tail of what was asked.
+            cut = rng.randrange(1, want)
+            data = b"".join(bytes(b) for b in buffers)[:cut]
+            return real_pwritev(fd, [data], offset)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
+    fs = RealFileSystem()
+    path = str(tmp_path / "f")
+    handle = fs.create(path)
+    try:
+        fs.write_at(handle, b"head", 0)
+        fs.write_parts_at(handle, parts, 4)
+        fs.write_parts_at(handle, [], 2)  # nothing to write: no call
+    finally:
+        fs.close(handle)
+    assert Path(path).read_bytes() == b"head" + b"".join(parts)
+    assert max(calls) <= (os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
+
+
+def test_a_batch_given_as_parts_is_one_write_and_reads_back_as_its_records() -> None:
+    fs = FaultyFileSystem()
+    engine = open_engine(fs)
+    for n in range(3):
+        engine.execute(enqueue_one(n, payload_bytes=(1 << 20) // 2), T0)
+    assert engine.pending_bytes() >= engine_module.WRITE_PARTS_BYTES_MIN
+    fs.ops.clear()
+    fs.record_ops = True
+    engine.flush()
+    assert [op for op, _path in fs.ops if op == "write"] == ["write"]
+    engine.close()
+    again = open_engine(fs)
+    assert again.state.canonical() == engine.state.canonical()
+    again.close()
 
 
 # ---------------------------------------------------------------- a nearly full disk

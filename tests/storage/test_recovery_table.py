@@ -956,10 +956,10 @@ def _v1_envelopes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the engine write version 1 envelopes, as a sepp before them did."""
     from sepp.storage import engine as engine_module
 
-    def v1(time_ms: object, kind: object, events: object, synced_seq: object = None) -> bytes:
-        return encode_envelope(time_ms, kind, events)
+    def v1(time_ms: object, kind: object, events: object, synced_seq: object = None) -> list[bytes]:
+        return [encode_envelope(time_ms, kind, events)]
 
-    monkeypatch.setattr(engine_module, "encode_envelope", v1)
+    monkeypatch.setattr(engine_module, "encode_envelope_parts", v1)
 
 
 @row(20)
