@@ -30,7 +30,7 @@ from sepp.server import pipeline as pipeline_module
 from sepp.server.pipeline import CommitPipeline, resolve_sync_method
 from sepp.storage import Engine, StorageFailed, StorageOptions
 from sepp.storage.aio import aio_unavailable
-from tests.server.conftest import connect, job
+from tests.server.conftest import connect, job, payload
 from tests.storage.helpers import CONFIG, T0, enqueue_one
 
 WAIT_S = 20.0
@@ -362,6 +362,12 @@ async def test_the_server_serves_and_recovers_with_each_sync_method(
     assert f"sync={method}" in server.log()
     client = await connect(server.address)
     request_ids = [client.send("enqueue", {"jobs": [job("q")]}) for _ in range(100)]
+    # Large requests among them: 2 MiB frames, records of payload parts, batches
+    # written off the loop thread (aio) and from their parts (both).
+    big = payload(bytes(range(256)) * 2048)
+    for _ in range(3):
+        request_ids.append(client.send("enqueue", {"jobs": [job("q", payload=big)] * 4}))
+        request_ids.append(client.send("enqueue", {"jobs": [job("q")]}))
     for request_id in request_ids:
         assert (await client.response(request_id)).status == "ok"
     client.assert_clean()
@@ -369,6 +375,6 @@ async def test_the_server_serves_and_recovers_with_each_sync_method(
     assert server.stop() == 0
     again = server_factory(env=env, data_dir=data, args=["--persist-mode", "sync_data"])
     client = await connect(again.address)
-    assert (await client.stats("q"))["ready"] == 100
+    assert (await client.stats("q"))["ready"] == 115
     await client.close()
     assert again.stop() == 0
