@@ -17,6 +17,7 @@ Field types:
   "int"    a msgpack int (never a bool)   "int?"   an int or nil
   "bool"   a msgpack bool                 "bytes?" a msgpack bin or nil
   "map?"   nil, or a map from str to str / int / float / bool
+  "strs"   a msgpack array of str (possibly empty)
 Every integer the log stores fits a msgpack int (-2**63 .. 2**64-1); times are
 wall-clock milliseconds since the Unix epoch.
 
@@ -247,6 +248,59 @@ CATALOGUE: tuple[EventSpec, ...] = (
             _WORKER_ID,
         ),
     ),
+    EventSpec(
+        type_id=14,
+        name="AdminAction",
+        version=1,
+        meaning=(
+            "The audit header of an operator's command, first event of its record; "
+            "changes nothing (the events after it are the changes)."
+        ),
+        fields=(
+            _f(
+                "action",
+                "str",
+                "What was done: jobs.dead_letter, jobs.cancel, dead_letters.requeue, "
+                "dead_letters.delete, queue.pause, queue.resume, queue.purge.",
+            ),
+            _f("actor", "str", "Who did it (an admin key's name, `local`, ...)."),
+            _f("role", "str", "The actor's role: viewer, operator or admin."),
+            _f("reason", "str?", "The operator's reason, or nil."),
+            _f("queue", "str?", "The queue acted on, or nil (an action by ids)."),
+            _f("job_ids", "strs", "The ids the action changed, in the record's order."),
+        ),
+    ),
+    EventSpec(
+        type_id=15,
+        name="JobCancelled",
+        version=1,
+        meaning=(
+            "An operator deleted a Ready or Scheduled job (cancel, purge): it is gone, "
+            "no dead letter is kept."
+        ),
+        fields=(_JOB_ID, _f("attempt", "int", "The job's attempt number when cancelled.")),
+    ),
+    EventSpec(
+        type_id=16,
+        name="DeadLetterDeleted",
+        version=1,
+        meaning="An operator deleted a dead-letter record (nothing was handed out).",
+        fields=(_JOB_ID,),
+    ),
+    EventSpec(
+        type_id=17,
+        name="QueuePaused",
+        version=1,
+        meaning="The queue delivers nothing until resumed (it still accepts enqueues).",
+        fields=(_f("queue", "str", "The queue paused."),),
+    ),
+    EventSpec(
+        type_id=18,
+        name="QueueResumed",
+        version=1,
+        meaning="A paused queue delivers again.",
+        fields=(_f("queue", "str", "The queue resumed."),),
+    ),
 )
 
 EVENT_SPECS_BY_TYPE: Mapping[int, EventSpec] = MappingProxyType(
@@ -274,6 +328,7 @@ _CHECKS = {
     "bool": lambda v: type(v) is bool,
     "bytes?": lambda v: v is None or type(v) is bytes,
     "map?": lambda v: v is None or _is_custom_map(v),
+    "strs": lambda v: type(v) in (list, tuple) and all(type(x) is str for x in v),
 }
 FIELD_TYPES: tuple[str, ...] = tuple(_CHECKS)
 

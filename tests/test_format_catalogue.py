@@ -47,6 +47,12 @@ SAMPLES: list[Any] = [
     core.DedupExpired(queue="emails", idempotency_key="key-1", expires_at=T),
     core.DeadLetterRequeued(job_id=JOB, enqueued_at=T),
     core.JobReleased(job_id=JOB, attempt=1, worker_id=None),
+    core.AdminAction(action="queue.purge", actor="ann", role="admin", reason="cleanup", queue="emails", job_ids=[JOB]),
+    core.AdminAction(action="queue.pause", actor="local", role="operator", reason=None, queue=None, job_ids=[]),
+    core.JobCancelled(job_id=JOB, attempt=2),
+    core.DeadLetterDeleted(job_id=JOB),
+    core.QueuePaused(queue="emails"),
+    core.QueueResumed(queue="emails"),
 ]  # fmt: skip
 
 

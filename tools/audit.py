@@ -25,6 +25,7 @@ Must not import: `sepp.server`, `sepp.client`.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,19 +50,26 @@ from .segments import CHUNK_BYTES, LogWalker, SegmentStart
 from .states import as_fallback, choose_base, paused_gc
 
 __all__ = [
+    "AdminActions",
+    "AdminEntry",
     "AuditResult",
     "JobEntry",
     "JobHistory",
     "QueueTransitions",
+    "admin_actions",
     "audit_jobs",
+    "emit_admin",
     "emit_histories",
     "emit_transitions",
     "queue_transitions",
 ]
 
 _ENQUEUED, _NACKED, _LEASE_EXPIRED, _DEAD_LETTERED, _DEDUP_EXPIRED, _REQUEUED = 1, 4, 6, 8, 11, 12
+_ADMIN_ACTION = 14
 _ENDINGS = {
     3: "acked: completed and deleted",
+    15: "cancelled by an operator (deleted; see the admin action before it)",
+    16: "dead letter deleted by an operator (see the admin action before it)",
     9: "dead letter drained (handed to a caller and deleted)",
     10: "dead letter expired (outlived the retention and deleted)",
 }
@@ -246,6 +254,14 @@ def _search(
                 result.problems.append(Problem(ERROR, "decode", rel, item.offset, seq, exc.reason))
                 continue
             for event in envelope.events:
+                if event[0] == _ADMIN_ACTION:
+                    # The operator's header: part of the history of each job it names.
+                    ids = event_fields(event).get("job_ids")
+                    for jid in ids if isinstance(ids, list) else ():
+                        named = result.histories.get(jid)
+                        if named is not None:
+                            named.add(seq, envelope.time_ms, envelope.command_kind, event)
+                    continue
                 history = result.histories.get(job_id_of(event) or "")
                 if key is not None and event[0] in (_ENQUEUED, _DEDUP_EXPIRED):
                     fields = event_fields(event)
@@ -349,6 +365,130 @@ def queue_transitions(
         elif type(item) is Problem:
             out.problems.append(item)
     return out
+
+
+# ---------------------------------------------------------------- admin actions
+
+
+@dataclass(frozen=True, slots=True)
+class AdminEntry:
+    """One operator action (an AdminAction header) and what its record changed."""
+
+    seq: int
+    time_ms: int
+    action: str
+    actor: str
+    role: str
+    reason: str | None
+    queue: str | None
+    job_ids: tuple[str, ...]
+    # Event name -> count of the changes that followed the header in its record.
+    changes: dict[str, int]
+
+    def human(self) -> str:
+        ids = ",".join(self.job_ids[:5]) + (
+            f",... ({len(self.job_ids)} ids)" if len(self.job_ids) > 5 else ""
+        )
+        parts = [
+            f"{self.seq:>8}  {format_time_ms(self.time_ms)}  {self.action:<20}",
+            f"actor={self.actor} role={self.role}",
+        ]
+        if self.queue is not None:
+            parts.append(f"queue={self.queue}")
+        if self.reason is not None:
+            parts.append(f"reason={json.dumps(self.reason, ensure_ascii=False)}")
+        if self.job_ids:
+            parts.append(f"ids={ids}")
+        return "  ".join(parts)
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "time": format_time_ms(self.time_ms),
+            "time_ms": self.time_ms,
+            "action": self.action,
+            "actor": self.actor,
+            "role": self.role,
+            "reason": self.reason,
+            "queue": self.queue,
+            "job_ids": list(self.job_ids),
+            "changes": dict(self.changes),
+        }
+
+
+@dataclass
+class AdminActions:
+    entries: list[AdminEntry] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(p.severity == ERROR for p in self.problems) else 0
+
+
+def admin_actions(
+    data_dir: DataDir,
+    *,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    actor: str | None = None,
+    action_prefix: str | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> AdminActions:
+    """Every operator action in the log (oldest first): the records whose first
+    event is an AdminAction header, filtered by time, actor and action prefix."""
+    out = AdminActions()
+    walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
+    rel = ""
+    for item in walker.walk():
+        if type(item) is Record:
+            try:
+                envelope = decode_envelope(item.body)
+            except FormatError as exc:
+                out.problems.append(
+                    Problem(ERROR, "decode", rel, item.offset, item.seq, exc.reason)
+                )
+                continue
+            time_ms = envelope.time_ms
+            if until_ms is not None and time_ms > until_ms:
+                break
+            events = envelope.events
+            if not events or events[0][0] != _ADMIN_ACTION:
+                continue
+            if since_ms is not None and time_ms < since_ms:
+                continue
+            fields = event_fields(events[0])
+            if "raw" in fields:
+                continue
+            if actor is not None and fields["actor"] != actor:
+                continue
+            if action_prefix is not None and not str(fields["action"]).startswith(action_prefix):
+                continue
+            out.entries.append(
+                AdminEntry(
+                    seq=item.seq,
+                    time_ms=time_ms,
+                    action=str(fields["action"]),
+                    actor=str(fields["actor"]),
+                    role=str(fields["role"]),
+                    reason=fields["reason"],
+                    queue=fields["queue"],
+                    job_ids=tuple(fields["job_ids"]),
+                    changes=dict(Counter(event_name(e) for e in events[1:])),
+                )
+            )
+        elif type(item) is SegmentStart:
+            rel = item.segment.rel
+        elif type(item) is Problem:
+            out.problems.append(item)
+    return out
+
+
+def emit_admin(result: AdminActions, out: Emitter) -> None:
+    out.note(f"{len(result.entries)} admin actions")
+    for entry in result.entries:
+        out.emit("admin-action", entry.human(), entry.data())
 
 
 # ---------------------------------------------------------------- output

@@ -47,6 +47,16 @@ _DEAD_LETTERED = 8
 _DRAINED = 9
 _DEAD_LETTER_EXPIRED = 10
 _DEDUP_EXPIRED = 11
+# Admin events (issue 15): the AdminAction header names a queue (or none) and
+# several job ids; QueuePaused / QueueResumed name a queue; JobCancelled and
+# DeadLetterDeleted end a job.
+_ADMIN_ACTION = 14
+_CANCELLED = 15
+_DEAD_LETTER_DELETED = 16
+_QUEUE_PAUSED = 17
+_QUEUE_RESUMED = 18
+# Events whose first field is not a job id.
+_NOT_ABOUT_ONE_JOB = frozenset((_DEDUP_EXPIRED, _ADMIN_ACTION, _QUEUE_PAUSED, _QUEUE_RESUMED))
 
 
 def _spec_fits(event: list[Any]) -> bool:
@@ -70,7 +80,7 @@ def event_fields(event: list[Any]) -> dict[str, Any]:
 
 
 def job_id_of(event: list[Any]) -> str | None:
-    if event[0] == _DEDUP_EXPIRED or len(event) < 3 or type(event[2]) is not str:
+    if event[0] in _NOT_ABOUT_ONE_JOB or len(event) < 3 or type(event[2]) is not str:
         return None
     return event[2]
 
@@ -163,8 +173,10 @@ class JobQueues:
         """The queue an event concerns, as it was before the event."""
         if event[0] == _ENQUEUED and _spec_fits(event):
             return str(event[3])
-        if event[0] == _DEDUP_EXPIRED and _spec_fits(event):
+        if event[0] in (_DEDUP_EXPIRED, _QUEUE_PAUSED, _QUEUE_RESUMED) and _spec_fits(event):
             return str(event[2])
+        if event[0] == _ADMIN_ACTION and _spec_fits(event):
+            return None if event[6] is None else str(event[6])
         job_id = job_id_of(event)
         if job_id is None:
             return None
@@ -179,7 +191,13 @@ class JobQueues:
             type_id = event[0]
             if type_id == _ENQUEUED and _spec_fits(event):
                 queues[event[2]] = event[3]
-            elif type_id in (_ACKED, _DRAINED, _DEAD_LETTER_EXPIRED):
+            elif type_id in (
+                _ACKED,
+                _DRAINED,
+                _DEAD_LETTER_EXPIRED,
+                _CANCELLED,
+                _DEAD_LETTER_DELETED,
+            ):
                 job_id = job_id_of(event)
                 if job_id is not None:
                     queues.pop(job_id, None)

@@ -5,6 +5,7 @@
                              [--queue Q] [--job ID] [--type NAME[,NAME]] [--follow]
     sepp-log replay DATA_DIR [--until-seq N | --until-time T] [--into NEW_DIR]
     sepp-log audit  DATA_DIR JOB_ID | --key QUEUE IDEMPOTENCY_KEY | --queue Q --since T [--until T]
+                    | --admin [--since T] [--until T] [--actor NAME] [--action PREFIX]
     sepp-log stats  DATA_DIR [--rows N]
     sepp-log repair DATA_DIR (--truncate-at SEQ | --set-aside-history) [--backup-dir DIR] [--dry-run]
 
@@ -37,7 +38,14 @@ from collections.abc import Callable, Sequence
 from sepp.storage.engine import LOCK_FILE
 from sepp.storage.fs import DataDirLocked
 
-from .audit import audit_jobs, emit_histories, emit_transitions, queue_transitions
+from .audit import (
+    admin_actions,
+    audit_jobs,
+    emit_admin,
+    emit_histories,
+    emit_transitions,
+    queue_transitions,
+)
 from .datadir import ERROR, DataDir, Problem, open_data_dir
 from .dump import DumpFilter, EventLine, dump
 from .events import parse_types
@@ -193,13 +201,35 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    chosen = sum(x is not None for x in (args.job_id, args.key, args.queue))
+    chosen = sum(x is not None for x in (args.job_id, args.key, args.queue)) + bool(args.admin)
     if chosen != 1:
-        raise UsageError("give exactly one of JOB_ID, --key QUEUE KEY or --queue Q --since T")
+        raise UsageError(
+            "give exactly one of JOB_ID, --key QUEUE KEY, --queue Q --since T or --admin"
+        )
     if args.queue is not None and args.since is None:
         raise UsageError("--queue needs --since T")
-    if args.queue is None and (args.since is not None or args.until is not None):
-        raise UsageError("--since and --until go with --queue")
+    if args.queue is None and not args.admin and (args.since is not None or args.until is not None):
+        raise UsageError("--since and --until go with --queue or --admin")
+    if not args.admin and (args.actor is not None or args.action is not None):
+        raise UsageError("--actor and --action go with --admin")
+    if args.admin:
+        data_dir = open_data_dir(args.data_dir)
+        progress = _progress(args, "audit", data_dir.log_bytes)
+        out = Emitter(json_lines=args.json, progress=progress)
+        errors = _problem_stream(args, "audit")
+        actions = admin_actions(
+            data_dir,
+            since_ms=parse_time(args.since) if args.since else None,
+            until_ms=parse_time(args.until) if args.until else None,
+            actor=args.actor,
+            action_prefix=args.action,
+            on_bytes=progress.advance,
+        )
+        progress.finish()
+        for problem in actions.problems:
+            errors(problem)
+        emit_admin(actions, out)
+        return actions.exit_code
     data_dir = open_data_dir(args.data_dir)
     progress = _progress(args, "audit", data_dir.log_bytes)
     out = Emitter(json_lines=args.json, progress=progress)
@@ -498,6 +528,18 @@ def build_parser() -> argparse.ArgumentParser:
     audit_cmd.add_argument("--queue", metavar="Q", help="summarise the transitions of queue Q")
     audit_cmd.add_argument("--since", metavar="T", help="with --queue: from time T (ISO-8601)")
     audit_cmd.add_argument("--until", metavar="T", help="with --queue: to time T (ISO-8601)")
+    audit_cmd.add_argument(
+        "--admin",
+        action="store_true",
+        help="list the operators' actions (actor, role, action, reason, queue, ids); "
+        "--since/--until, --actor NAME and --action PREFIX narrow it",
+    )
+    audit_cmd.add_argument("--actor", metavar="NAME", help="with --admin: only this actor's")
+    audit_cmd.add_argument(
+        "--action",
+        metavar="PREFIX",
+        help="with --admin: actions starting so (queue., jobs.cancel)",
+    )
     audit_cmd.set_defaults(func=_audit)
 
     stats_cmd = sub.add_parser(

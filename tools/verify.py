@@ -156,6 +156,7 @@ _FIELD_TESTS = {
     "bool": "type({v}) is bool",
     "bytes?": "({v} is None or type({v}) is bytes)",
     "map?": "({v} is None or _valid(event))",
+    "strs": "_valid(event)",
 }
 
 

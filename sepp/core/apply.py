@@ -20,12 +20,15 @@ from typing import Any
 
 from sepp.core.errors import ApplyError as ApplyError
 from sepp.core.events import (
+    AdminAction,
+    DeadLetterDeleted,
     DeadLetterDrained,
     DeadLetterExpired,
     DeadLetterRequeued,
     DedupExpired,
     Event,
     JobAcked,
+    JobCancelled,
     JobDeadLettered,
     JobEnqueued,
     JobLeaseExpired,
@@ -34,6 +37,8 @@ from sepp.core.events import (
     JobPromoted,
     JobReleased,
     JobReserved,
+    QueuePaused,
+    QueueResumed,
 )
 from sepp.core.state import (
     DEAD,
@@ -46,6 +51,8 @@ from sepp.core.state import (
     QueueState,
     ReadyEntry,
     State,
+    index_add,
+    index_remove,
     is_sparse,
     push_ready,
     ready_level_for_push,
@@ -71,6 +78,7 @@ def _leave_flight(state: State, job: Job) -> QueueState:
     q = state.queues[job.queue]
     q.in_flight_count -= 1
     job.worker_id = None
+    index_remove(q, job, IN_FLIGHT)
     leases = state.leases
     if leases and leases[0][2] is job:
         job.status = DELETED  # temporarily invalid so the prune pops it
@@ -139,6 +147,7 @@ def _apply_enqueued(state: State, ev: JobEnqueued) -> None:
     else:
         heappush(state.scheduled, (run_at, job_id, job))
         q.scheduled_count += 1
+    index_add(state, q, job)
     if dedup_expires_at is not None and key is not None:
         dedup = state.dedup
         replaced = dedup.get((queue, key))
@@ -168,6 +177,8 @@ def _apply_reserved(state: State, ev: JobReserved) -> None:
     job.due_ms = lease_expires_at
     job.worker_id = worker_id
     heappush(state.leases, (lease_expires_at, job_id, job))
+    index_remove(q, job, READY)
+    index_add(state, q, job)
 
 
 def _apply_acked(state: State, ev: JobAcked) -> None:
@@ -214,6 +225,7 @@ def _requeue(state: State, job: Job, run_at: int | None) -> None:
         job.due_ms = run_at
         heappush(state.scheduled, (run_at, job.job_id, job))
         q.scheduled_count += 1
+    index_add(state, q, job)
 
 
 def _apply_lease_extended(state: State, ev: JobLeaseExtended) -> None:
@@ -241,6 +253,8 @@ def _apply_promoted(state: State, ev: JobPromoted) -> None:
     push_ready(q, job)
     q.ready_count += 1
     state.prune_scheduled()
+    index_remove(q, job, SCHEDULED)
+    index_add(state, q, job)
 
 
 def _apply_dead_lettered(state: State, ev: JobDeadLettered) -> None:
@@ -255,10 +269,12 @@ def _apply_dead_lettered(state: State, ev: JobDeadLettered) -> None:
         q.ready_count -= 1
         job.entry = None
         q.ready[job.priority].prune()
+        index_remove(q, job, READY)
     elif status == SCHEDULED:
         q.scheduled_count -= 1
         job.status = DEAD
         state.prune_scheduled()
+        index_remove(q, job, SCHEDULED)
     del state.jobs[ev.job_id]
     if is_sparse(state.jobs):
         state.jobs = dict(state.jobs)
@@ -269,6 +285,7 @@ def _apply_dead_lettered(state: State, ev: JobDeadLettered) -> None:
         record = DeadLetter(job, ev.cause, ev.failed_at, ev.attempt, ev.reason)
         state.dead[ev.job_id] = record
         q.dead[ev.job_id] = record
+        index_add(state, q, job)
     else:
         job.status = DELETED
         state.forget_if_empty(q)
@@ -281,6 +298,7 @@ def _remove_dead(state: State, job_id: str, event: Any) -> None:
     q = state.queues[record.job.queue]
     del q.dead[job_id]
     record.job.status = DELETED
+    index_remove(q, record.job, DEAD)
     if is_sparse(state.dead):
         state.dead = dict(state.dead)
     if is_sparse(q.dead):
@@ -317,6 +335,7 @@ def _apply_dead_letter_requeued(state: State, ev: DeadLetterRequeued) -> None:
     job = record.job
     q = state.queues[job.queue]
     del q.dead[ev.job_id]
+    index_remove(q, job, DEAD)
     if is_sparse(state.dead):
         state.dead = dict(state.dead)
     if is_sparse(q.dead):
@@ -332,7 +351,53 @@ def _apply_dead_letter_requeued(state: State, ev: DeadLetterRequeued) -> None:
     _requeue(state, job, None)
 
 
-_APPLY: list[Callable[[State, Any], None] | None] = [None] * 14
+def _apply_admin_action(state: State, ev: AdminAction) -> None:
+    """The audit header of an admin record: nothing to change."""
+
+
+def _apply_job_cancelled(state: State, ev: JobCancelled) -> None:
+    job = state.jobs.get(ev.job_id)
+    if job is None or job.status not in (READY, SCHEDULED) or job.attempt != ev.attempt:
+        raise ApplyError(f"JobCancelled for {ev.job_id} attempt {ev.attempt}: job is {job!r}")
+    q = state.queues[job.queue]
+    if job.status == READY:
+        q.ready_count -= 1
+        job.entry = None
+        job.status = DELETED
+        q.ready[job.priority].prune()
+        index_remove(q, job, READY)
+    else:
+        q.scheduled_count -= 1
+        job.status = DELETED
+        state.prune_scheduled()
+        index_remove(q, job, SCHEDULED)
+    del state.jobs[ev.job_id]
+    if is_sparse(state.jobs):
+        state.jobs = dict(state.jobs)
+    job.due_ms = 0
+    state.forget_if_empty(q)
+
+
+def _apply_dead_letter_deleted(state: State, ev: DeadLetterDeleted) -> None:
+    _remove_dead(state, ev.job_id, ev)
+
+
+def _apply_queue_paused(state: State, ev: QueuePaused) -> None:
+    q = state.queue(ev.queue)
+    if q.paused:
+        raise ApplyError(f"QueuePaused for {ev.queue}: already paused")
+    q.paused = True
+
+
+def _apply_queue_resumed(state: State, ev: QueueResumed) -> None:
+    q = state.queues.get(ev.queue)
+    if q is None or not q.paused:
+        raise ApplyError(f"QueueResumed for {ev.queue}: not paused")
+    q.paused = False
+    state.forget_if_empty(q)
+
+
+_APPLY: list[Callable[[State, Any], None] | None] = [None] * 19
 _APPLY[JobEnqueued.TYPE] = _apply_enqueued
 _APPLY[JobReserved.TYPE] = _apply_reserved
 _APPLY[JobAcked.TYPE] = _apply_acked
@@ -346,6 +411,11 @@ _APPLY[DeadLetterExpired.TYPE] = _apply_dead_letter_expired
 _APPLY[DedupExpired.TYPE] = _apply_dedup_expired
 _APPLY[DeadLetterRequeued.TYPE] = _apply_dead_letter_requeued
 _APPLY[JobReleased.TYPE] = _apply_released
+_APPLY[AdminAction.TYPE] = _apply_admin_action
+_APPLY[JobCancelled.TYPE] = _apply_job_cancelled
+_APPLY[DeadLetterDeleted.TYPE] = _apply_dead_letter_deleted
+_APPLY[QueuePaused.TYPE] = _apply_queue_paused
+_APPLY[QueueResumed.TYPE] = _apply_queue_resumed
 APPLY_TABLE: tuple[Callable[[State, Any], None] | None, ...] = tuple(_APPLY)
 
 

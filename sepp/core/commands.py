@@ -222,6 +222,98 @@ class RequeueDeadLetters:
         return self.KIND
 
 
+# ---------------------------------------------------------------------------
+# Admin commands (issue 15). Each names its `actor` and `role` (the edge's auth
+# decision: the core records them, it does not check them) and an optional
+# `reason`; each logs an AdminAction header followed by its changes.
+
+# Ids one admin call may name (over it the whole call is refused).
+ADMIN_IDS_PER_CALL_MAX = 1000
+# Jobs one filtered admin call (by queue / cause, or a purge) changes at most:
+# the reply says how many remain, the caller repeats.
+ADMIN_JOBS_PER_CHUNK_MAX = 1000
+# The log records every admin command under this envelope command kind until
+# log_format/envelope.py gets a kind of its own for them (the AdminAction event
+# names the action).
+ADMIN_COMMAND_KIND = 9
+# The roles an admin key may have (issue 15: viewer < operator < admin); a
+# viewer may only read, so decide refuses its commands (PermissionDenied).
+ADMIN_ROLES = ("viewer", "operator", "admin")
+ADMIN_ROLES_THAT_CHANGE = ("operator", "admin")
+# An actor name (an admin key's name, `local`) in UTF-8 bytes.
+ADMIN_ACTOR_BYTES_MAX = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminCommand:
+    actor: str
+    role: str
+    reason: str | None = None
+
+    @property
+    def kind(self) -> int:
+        return ADMIN_COMMAND_KIND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminDeadLetterJobs(AdminCommand):
+    """Dead-letter live Ready or Scheduled jobs by id (cause `admin`)."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelJobs(AdminCommand):
+    """Delete live Ready or Scheduled jobs by id (no dead letter kept)."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminRequeueDeadLetters(AdminCommand):
+    """Put dead letters back as Ready jobs (same id, attempt 1): by `job_ids`, or,
+    when none are given, up to `max_jobs` of those matching `queue` and / or
+    `cause` (oldest first; at least one of them is required)."""
+
+    job_ids: tuple[str, ...] = ()
+    queue: str | None = None
+    cause: int | None = None
+    max_jobs: int = ADMIN_JOBS_PER_CHUNK_MAX
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteDeadLetters(AdminCommand):
+    """Delete dead letters: by ids or by filter, like AdminRequeueDeadLetters."""
+
+    job_ids: tuple[str, ...] = ()
+    queue: str | None = None
+    cause: int | None = None
+    max_jobs: int = ADMIN_JOBS_PER_CHUNK_MAX
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseQueue(AdminCommand):
+    """Stop delivering from `queue` (enqueues still land). Durable."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeQueue(AdminCommand):
+    """Deliver from a paused `queue` again."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PurgeQueue(AdminCommand):
+    """Delete up to `max_jobs` of the Ready and Scheduled jobs of `queue` (oldest
+    first); In-flight jobs and dead letters are untouched."""
+
+    queue: str
+    max_jobs: int = ADMIN_JOBS_PER_CHUNK_MAX
+
+
 Command = (
     Enqueue
     | Reserve
@@ -233,6 +325,13 @@ Command = (
     | DeadLetterJobs
     | RequeueDeadLetters
     | Release
+    | AdminDeadLetterJobs
+    | CancelJobs
+    | AdminRequeueDeadLetters
+    | DeleteDeadLetters
+    | PauseQueue
+    | ResumeQueue
+    | PurgeQueue
 )
 
 COMMAND_KIND_NAMES = {

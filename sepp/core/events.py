@@ -240,6 +240,96 @@ class JobReleased(_JobReleased):
     VERSION: ClassVar[int] = 1
 
 
+class _AdminAction(NamedTuple):
+    action: str
+    actor: str
+    role: str
+    reason: str | None
+    queue: str | None
+    job_ids: tuple[str, ...] | list[str]
+
+
+class AdminAction(_AdminAction):
+    """The audit header of an operator's command: who (`actor`, `role`) did what
+    (`action`, one of ADMIN_ACTIONS) and why, to which queue and ids. It is the
+    first event of every admin record and changes nothing; the events after it in
+    the same record are the changes. `job_ids` lists the ids the action changed
+    (in the record's order); empty for queue-level actions."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 14
+    VERSION: ClassVar[int] = 1
+
+
+class _JobCancelled(NamedTuple):
+    job_id: str
+    attempt: int
+
+
+class JobCancelled(_JobCancelled):
+    """An operator deleted a Ready or Scheduled job (cancel, purge): it is gone,
+    no dead letter is kept."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 15
+    VERSION: ClassVar[int] = 1
+
+
+class _DeadLetterDeleted(NamedTuple):
+    job_id: str
+
+
+class DeadLetterDeleted(_DeadLetterDeleted):
+    """An operator deleted a dead-letter record (nothing was handed out)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 16
+    VERSION: ClassVar[int] = 1
+
+
+class _QueuePaused(NamedTuple):
+    queue: str
+
+
+class QueuePaused(_QueuePaused):
+    """The queue delivers nothing until resumed (it still accepts enqueues)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 17
+    VERSION: ClassVar[int] = 1
+
+
+class _QueueResumed(NamedTuple):
+    queue: str
+
+
+class QueueResumed(_QueueResumed):
+    """A paused queue delivers again."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 18
+    VERSION: ClassVar[int] = 1
+
+
+# AdminAction.action values (stable: the log stores them).
+ADMIN_DEAD_LETTER_JOBS = "jobs.dead_letter"
+ADMIN_CANCEL_JOBS = "jobs.cancel"
+ADMIN_REQUEUE_DEAD_LETTERS = "dead_letters.requeue"
+ADMIN_DELETE_DEAD_LETTERS = "dead_letters.delete"
+ADMIN_PAUSE_QUEUE = "queue.pause"
+ADMIN_RESUME_QUEUE = "queue.resume"
+ADMIN_PURGE_QUEUE = "queue.purge"
+ADMIN_ACTIONS = (
+    ADMIN_DEAD_LETTER_JOBS,
+    ADMIN_CANCEL_JOBS,
+    ADMIN_REQUEUE_DEAD_LETTERS,
+    ADMIN_DELETE_DEAD_LETTERS,
+    ADMIN_PAUSE_QUEUE,
+    ADMIN_RESUME_QUEUE,
+    ADMIN_PURGE_QUEUE,
+)
+
+
 Event = (
     JobEnqueued
     | JobReserved
@@ -254,6 +344,11 @@ Event = (
     | DedupExpired
     | DeadLetterRequeued
     | JobReleased
+    | AdminAction
+    | JobCancelled
+    | DeadLetterDeleted
+    | QueuePaused
+    | QueueResumed
 )
 
 EVENT_CLASSES: tuple[type[Any], ...] = (
@@ -270,6 +365,11 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
     DedupExpired,
     DeadLetterRequeued,
     JobReleased,
+    AdminAction,
+    JobCancelled,
+    DeadLetterDeleted,
+    QueuePaused,
+    QueueResumed,
 )
 
 # type id -> class; a list indexed by type id is the fastest dispatch in CPython.

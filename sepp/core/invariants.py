@@ -19,6 +19,7 @@ from sepp.core.state import (
     PRIORITY_LEVELS,
     READY,
     SCHEDULED,
+    QueueState,
     State,
 )
 
@@ -122,6 +123,7 @@ def check_invariants(state: State) -> None:
         for job_id, record in q.dead.items():
             if state.dead.get(job_id) is not record or record.job.queue != name:
                 _fail(f"dead letter {job_id} of queue {name} is not in the global store")
+        _check_status_index(state, name, q)
     if sum(len(q.dead) for q in state.queues.values()) != len(state.dead):
         _fail("per-queue dead-letter stores do not add up to the global one")
     last_failed_at = None
@@ -147,3 +149,41 @@ def check_invariants(state: State) -> None:
             _fail(f"dedup record {(queue, key)} names unknown queue {queue!r}")
         if (queue, key, expires_at) not in dedup_entries:
             _fail(f"dedup record {(queue, key)} has no expiry entry")
+
+
+def _check_status_index(state: State, name: str, q: QueueState) -> None:
+    """The status indexes of `q` (issue 15, admin listing) hold exactly its jobs:
+    each Ready / Scheduled / In-flight job and each dead letter has one valid
+    entry in the index of its status, seqs increase, nothing before `head` is
+    valid and the head entry is valid (or the index is empty)."""
+    expected: list[set[str]] = [set(), set(), set(), set()]
+    for job in state.jobs.values():
+        if job.queue == name:
+            expected[job.status].add(job.job_id)
+    expected[DEAD] = set(q.dead)
+    index = q.index
+    if index is None:
+        if any(expected):
+            _fail(f"queue {name} holds jobs but has no status index")
+        return
+    for status, ix in enumerate(index):
+        where = f"queue {name} status index {status}"
+        if ix.status != status or len(ix.seqs) != len(ix.jobs):
+            _fail(f"{where}: malformed")
+        if not 0 <= ix.head <= len(ix.jobs):
+            _fail(f"{where}: head {ix.head} out of range")
+        for a, b in itertools.pairwise(ix.seqs):
+            if not a < b:
+                _fail(f"{where}: seqs out of order")
+        valid = [ix.jobs[i].job_id for i in range(len(ix.jobs)) if ix.valid(i)]
+        if any(ix.valid(i) for i in range(ix.head)):
+            _fail(f"{where}: a valid entry before the head")
+        if ix.head < len(ix.jobs) and not ix.valid(ix.head):
+            _fail(f"{where}: stale entry at the head")
+        if len(valid) != len(set(valid)) or set(valid) != expected[status]:
+            _fail(f"{where}: holds {sorted(valid)}, the jobs say {sorted(expected[status])}")
+        for job in ix.jobs:
+            if job.queue != name:
+                _fail(f"{where}: job {job.job_id} of queue {job.queue}")
+        if ix.seqs and ix.seqs[-1] >= state.next_iseq:
+            _fail(f"{where}: seq {ix.seqs[-1]} not below next_iseq {state.next_iseq}")

@@ -250,6 +250,35 @@ class FailedPrecondition(CommandError):
     code: ClassVar[str] = "failed_precondition"
 
 
+@dataclass(frozen=True, slots=True)
+class TooManyIds(InvalidArgument):
+    """An admin call named more ids than ADMIN_IDS_PER_CALL_MAX."""
+
+    limit: int = 0
+    actual: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionDenied(CommandError):
+    """The actor's role may not do this (a viewer asked for a change)."""
+
+    code: ClassVar[str] = "permission_denied"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueNotFound(CommandError):
+    """An admin read or command named a queue the server does not know."""
+
+    queue: str = ""
+    code: ClassVar[str] = "not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidCursor(InvalidArgument):
+    """A listing cursor that this server did not hand out, or one from before
+    a restart (the status indexes are rebuilt at start-up): start over."""
+
+
 # ---------------------------------------------------------------------------
 # Replies. NamedTuples, like events: several are built per command on the hot
 # path, where a frozen dataclass costs several times more to construct.
@@ -347,6 +376,42 @@ class AdminResult(NamedTuple):
     refused: tuple[tuple[str, str], ...]
 
 
+# Per-id outcomes of an admin command (AdminOutcomes.outcomes).
+OUTCOME_DONE = "done"
+OUTCOME_NOT_FOUND = "not_found"
+# The job exists but is not in a state the action applies to (e.g. in flight).
+OUTCOME_WRONG_STATE = "wrong_state"
+
+
+class AdminOutcomes(NamedTuple):
+    """What an admin command did to each id: (job id, OUTCOME_*), in the order
+    asked (by-id calls) or taken (filtered calls); `remaining`: for a filtered
+    call, how many more match (repeat the call); 0 for a by-id call."""
+
+    outcomes: tuple[tuple[str, str], ...]
+    remaining: int = 0
+
+    @property
+    def done(self) -> tuple[str, ...]:
+        return tuple(jid for jid, outcome in self.outcomes if outcome == OUTCOME_DONE)
+
+
+class QueueAdminResult(NamedTuple):
+    """Pause / resume: `changed` is False when the queue already was so (nothing
+    was logged)."""
+
+    queue: str
+    paused: bool
+    changed: bool
+
+
+class PurgeResult(NamedTuple):
+    queue: str
+    purged: int
+    # Ready + Scheduled jobs still in the queue (repeat the purge while > 0).
+    remaining: int
+
+
 Reply = (
     EnqueueResult
     | AtomicRejected
@@ -358,4 +423,7 @@ Reply = (
     | DrainResult
     | SweepResult
     | AdminResult
+    | AdminOutcomes
+    | QueueAdminResult
+    | PurgeResult
 )

@@ -28,6 +28,7 @@ from sepp.core.state import (
     Job,
     ReadyEntry,
     State,
+    index_add,
     job_fields,
     ready_level_for_push,
 )
@@ -50,6 +51,8 @@ def export_meta(state: State) -> dict[str, Any]:
         "jobs": len(state.jobs),
         "dedup": len(state.dedup),
         "dead": len(state.dead),
+        # Paused queues (issue 15). Absent in older snapshots: none paused.
+        "paused": [name for name, q in state.queues.items() if q.paused],
     }
 
 
@@ -89,6 +92,11 @@ class StateBuilder:
         if not isinstance(next_order, int) or next_order < 1:
             raise SnapshotContentError("snapshot meta has no next_order")
         self.state.next_order = next_order
+        paused = meta.get("paused", [])
+        if not isinstance(paused, list) or not all(isinstance(n, str) for n in paused):
+            raise SnapshotContentError("snapshot meta paused must be a list of queue names")
+        for name in paused:
+            self.state.queue(name).paused = True
         # meta["queues"] is not read: the state's queues are the declared ones (from
         # the config) and those its rows put something in. A snapshot written before
         # issue 13 lists every queue ever used; empty ones must not come back.
@@ -184,4 +192,13 @@ class StateBuilder:
         heapify(state.scheduled)
         heapify(state.leases)
         heapify(state.dedup_expiry)
+        # The status indexes are not stored: rebuilt in the rows' order (live jobs
+        # in arrival order, dead letters oldest first). Cursors handed out before
+        # are told apart by the new epoch (`sepp.core.reads`).
+        queues = state.queues
+        for job in state.jobs.values():
+            index_add(state, queues[job.queue], job)
+        for record in state.dead.values():
+            index_add(state, queues[record.job.queue], record.job)
+        state.index_epoch = state.clock_ms
         return state

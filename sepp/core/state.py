@@ -29,6 +29,7 @@ Must not import: anything outside the standard library and `sepp.core`.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterator
 from heapq import heappop, heappush
@@ -123,7 +124,9 @@ class Job:
     persistent)."""
 
     # + entry: while READY, the ready-level entry that currently stands for this job.
-    __slots__ = (*JOB_ROW_FIELDS, "entry")
+    # + iseq: the sequence number of its entry in its queue's status index
+    #   (`StatusIndex`), set each time it enters Ready, Scheduled, In-flight or Dead.
+    __slots__ = (*JOB_ROW_FIELDS, "entry", "iseq")
 
     def __init__(
         self,
@@ -167,6 +170,7 @@ class Job:
         self.worker_id = worker_id
         self.last_reason = last_reason
         self.entry: ReadyEntry | None = None
+        self.iseq = 0
 
     def view(self, lease_expires_at: int | None = None) -> JobView:
         """The job as a worker or an operator sees it. `lease_expires_at`: the lease
@@ -280,6 +284,44 @@ class ReadyLevel:
 EMPTY_READY_LEVEL = ReadyLevel()
 
 
+# A status index keeps at most this many stale entries beyond its live ones
+# before `index_add` compacts it (amortised O(1) per transition).
+INDEX_STALE_SLACK_ENTRIES = 1024
+# The statuses a queue's status index covers (positions in QueueState.index).
+INDEXED_STATUSES = (READY, SCHEDULED, IN_FLIGHT, DEAD)
+
+
+class StatusIndex:
+    """The jobs of one queue in one status, in the order they entered it: parallel
+    `seqs` (increasing, unique in the state) and `jobs`. The admin listing pages
+    through it with a cursor holding the last seq it returned (`sepp.core.reads`):
+    a bisect, then a walk, so a page costs O(log n + page + stale entries skipped),
+    and a cursor stays valid whatever happens to the queue in between.
+
+    Lazy deletion like the ready levels: entry i is valid while
+    `jobs[i].status == status and jobs[i].iseq == seqs[i]`. Entries before
+    `head` are all stale; `index_left` advances `head` past stale entries at the
+    front (the usual FIFO consumption leaves nothing to skip), `index_add`
+    compacts when stale entries outnumber the live ones by
+    INDEX_STALE_SLACK_ENTRIES."""
+
+    __slots__ = ("status", "seqs", "jobs", "head")
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.seqs: array[int] = array("q")
+        self.jobs: list[Job] = []
+        self.head = 0
+
+    def valid(self, i: int) -> bool:
+        job = self.jobs[i]
+        return job.status == self.status and job.iseq == self.seqs[i]
+
+    def live_jobs(self) -> list[Job]:
+        """The valid entries' jobs, in index order."""
+        return [j for i, j in enumerate(self.jobs) if i >= self.head and self.valid(i)]
+
+
 class QueueState:
     __slots__ = (
         "name",
@@ -289,6 +331,8 @@ class QueueState:
         "in_flight_count",
         "dead",
         "dedup_count",
+        "paused",
+        "index",
     )
 
     def __init__(self, name: str) -> None:
@@ -301,20 +345,26 @@ class QueueState:
         self.dead: dict[str, DeadLetter] = {}
         # Dedup records (idempotency keys in their window) naming this queue.
         self.dedup_count = 0
+        # An operator paused it (QueuePaused): reserve skips it, enqueues still
+        # land. Durable: in the log and in snapshots (meta "paused").
+        self.paused = False
+        # By status (READY, SCHEDULED, IN_FLIGHT, DEAD): created on first use.
+        self.index: list[StatusIndex] | None = None
 
     @property
     def live_count(self) -> int:
         return self.ready_count + self.scheduled_count + self.in_flight_count
 
     def holds_nothing(self) -> bool:
-        """No live job, no dead letter, no idempotency key in its window: an
-        undeclared queue in this condition is forgotten (`State.forget_if_empty`)."""
+        """No live job, no dead letter, no idempotency key in its window, not
+        paused: an undeclared queue in this condition is forgotten (`State.forget_if_empty`)."""
         return (
             self.ready_count == 0
             and self.scheduled_count == 0
             and self.in_flight_count == 0
             and not self.dead
             and self.dedup_count == 0
+            and not self.paused
         )
 
 
@@ -334,6 +384,11 @@ class State:
         self.config = config if config is not None else CoreConfig()
         # The high-water mark of command times: decide never stamps an earlier one.
         self.clock_ms = 0
+        # The next status-index sequence number (`index_add`). Not durable: a
+        # snapshot load rebuilds the indexes, and `index_epoch` tells a cursor
+        # from before it (the clock at build time; 0 for a fresh state).
+        self.next_iseq = 1
+        self.index_epoch = 0
         # The next arrival number (`Job.order`).
         self.next_order = 1
         # Live jobs (Ready, Scheduled, In-flight) by id.
@@ -490,6 +545,7 @@ class State:
                 (jid, _job_tuple(d.job), d.cause, d.failed_at, d.final_attempt, d.last_reason)
                 for jid, d in self.dead.items()
             ],
+            "paused": sorted(name for name, q in self.queues.items() if q.paused),
             "queue_dead_order": {
                 name: list(q.dead) for name, q in sorted(self.queues.items()) if q.dead
             },
@@ -526,6 +582,62 @@ def _job_tuple(job: Job) -> tuple[Any, ...]:
 def job_fields(job: Job) -> list[Any]:
     """The job as a flat list, in `Job.__init__` order (used by snapshots)."""
     return list(_job_tuple(job))
+
+
+def index_add(state: State, q: QueueState, job: Job) -> None:
+    """Record that `job` (of `q`) has just entered its current status."""
+    index = q.index
+    if index is None:
+        index = q.index = [StatusIndex(status) for status in INDEXED_STATUSES]
+    seq = state.next_iseq
+    state.next_iseq = seq + 1
+    job.iseq = seq
+    ix = index[job.status]
+    jobs = ix.jobs
+    jobs.append(job)
+    ix.seqs.append(seq)
+    if len(jobs) - ix.head > 2 * _status_count(q, ix.status) + INDEX_STALE_SLACK_ENTRIES:
+        keep = [i for i in range(ix.head, len(jobs)) if ix.valid(i)]
+        ix.seqs = array("q", [ix.seqs[i] for i in keep])
+        ix.jobs = [jobs[i] for i in keep]
+        ix.head = 0
+
+
+def index_remove(q: QueueState, job: Job, status: int) -> None:
+    """`job` of `q` leaves `status`: its entry goes stale at once."""
+    job.iseq = 0
+    index_left(q, status)
+
+
+def index_left(q: QueueState, status: int) -> None:
+    """After a job of `q` left `status`: drop stale entries at the front."""
+    index = q.index
+    if index is None:
+        return
+    ix = index[status]
+    jobs, seqs = ix.jobs, ix.seqs
+    head, end = ix.head, len(jobs)
+    while head < end:
+        job = jobs[head]
+        if job.status == status and job.iseq == seqs[head]:
+            break
+        head += 1
+    if head == end:
+        if end:
+            ix.jobs = []
+            ix.seqs = array("q")
+        head = 0
+    ix.head = head
+
+
+def _status_count(q: QueueState, status: int) -> int:
+    if status == READY:
+        return q.ready_count
+    if status == SCHEDULED:
+        return q.scheduled_count
+    if status == IN_FLIGHT:
+        return q.in_flight_count
+    return len(q.dead)
 
 
 def push_ready(q: QueueState, job: Job) -> None:

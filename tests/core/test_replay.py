@@ -54,7 +54,18 @@ from sepp.core import (
     from_fields,
     to_fields,
 )
+from sepp.core.commands import (
+    AdminDeadLetterJobs,
+    AdminRequeueDeadLetters,
+    CancelJobs,
+    DeleteDeadLetters,
+    PauseQueue,
+    PurgeQueue,
+    ResumeQueue,
+)
 from sepp.core.events import (
+    CAUSE_ADMIN,
+    CAUSE_ATTEMPTS_EXHAUSTED,
     DeadLetterDrained,
     DedupExpired,
     Event,
@@ -150,8 +161,15 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
             "admin",
             "requeue",
             "release",
+            "cancel",
+            "admin_dead_letter",
+            "admin_requeue",
+            "delete_dead",
+            "pause",
+            "resume",
+            "purge",
         ),
-        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1),
+        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.3),
     )[0]
     if kind == "enqueue":
         jobs = tuple(random_job(rng, now) for _ in range(rng.randrange(1, 5)))
@@ -188,6 +206,31 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
         return Sweep()
     if kind == "drain":
         return DrainDeadLetters(queue=rng.choice((None, "a", "b")), max_records=rng.randrange(1, 4))
+    who = {"actor": rng.choice(("ann", "local")), "role": rng.choice(("operator", "admin"))}
+    if kind in ("cancel", "admin_dead_letter"):
+        live = list(state.jobs)
+        picks = [*rng.sample(live, min(len(live), 3)), random_id(rng)]
+        cls = CancelJobs if kind == "cancel" else AdminDeadLetterJobs
+        return cls(job_ids=tuple(picks), reason=rng.choice((None, "op")), **who)
+    if kind in ("admin_requeue", "delete_dead"):
+        cls2 = AdminRequeueDeadLetters if kind == "admin_requeue" else DeleteDeadLetters
+        if rng.random() < 0.5:
+            dead = list(state.dead)
+            picks = [*rng.sample(dead, min(len(dead), 2)), random_id(rng)]
+            return cls2(job_ids=tuple(picks), **who)
+        return cls2(
+            queue=rng.choice((None, "a", "b")),
+            cause=rng.choice((None, CAUSE_ADMIN, CAUSE_ATTEMPTS_EXHAUSTED))
+            if rng.random() < 0.5
+            else CAUSE_ADMIN,
+            max_jobs=rng.randrange(1, 4),
+            **who,
+        )
+    if kind in ("pause", "resume"):
+        cls3 = PauseQueue if kind == "pause" else ResumeQueue
+        return cls3(queue=rng.choice(QUEUES), **who)
+    if kind == "purge":
+        return PurgeQueue(queue=rng.choice(QUEUES), max_jobs=rng.randrange(1, 6), **who)
     if kind == "admin":
         live = list(state.jobs)
         picks = [*rng.sample(live, min(len(live), 2)), random_id(rng)]

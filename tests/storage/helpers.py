@@ -54,6 +54,15 @@ from sepp.core import (
     Sweep,
     apply_record,
 )
+from sepp.core.commands import (
+    AdminDeadLetterJobs,
+    AdminRequeueDeadLetters,
+    CancelJobs,
+    DeleteDeadLetters,
+    PauseQueue,
+    PurgeQueue,
+    ResumeQueue,
+)
 from sepp.core.events import Event
 from sepp.core.results import CommandError
 from sepp.core.state import IN_FLIGHT, READY, SCHEDULED
@@ -282,13 +291,40 @@ class Workload:
             return DrainDeadLetters(
                 queue=rng.choice((None, *QUEUES)), max_records=rng.choice((1, 2, 5))
             )
-        if r < 0.97:
+        if r < 0.955:
             waiting = [j.job_id for j in state.jobs.values() if j.status in (READY, SCHEDULED)]
             picked = rng.sample(waiting, min(len(waiting), 2)) if waiting else [random_id(rng)]
             return DeadLetterJobs(job_ids=tuple(picked), reason="operator")
-        dead = list(state.dead)
-        picked = rng.sample(dead, min(len(dead), 2)) if dead else [random_id(rng)]
-        return RequeueDeadLetters(job_ids=tuple(picked))
+        if r < 0.97:
+            dead = list(state.dead)
+            picked = rng.sample(dead, min(len(dead), 2)) if dead else [random_id(rng)]
+            return RequeueDeadLetters(job_ids=tuple(picked))
+        return self.admin_command(state)
+
+    def admin_command(self, state: State) -> Command:
+        """An operator's command of issue 15 (logged with an AdminAction header)."""
+        rng = self.rng
+        who = {"actor": rng.choice(("ann", "local")), "role": rng.choice(("operator", "admin"))}
+        kind = rng.choice(
+            ("cancel", "dead_letter", "requeue", "delete", "pause", "resume", "resume", "purge")
+        )
+        if kind in ("cancel", "dead_letter"):
+            waiting = [j.job_id for j in state.jobs.values() if j.status in (READY, SCHEDULED)]
+            picked = rng.sample(waiting, min(len(waiting), 2)) if waiting else [random_id(rng)]
+            cls = CancelJobs if kind == "cancel" else AdminDeadLetterJobs
+            return cls(job_ids=tuple(picked), reason=rng.choice((None, "op")), **who)
+        if kind in ("requeue", "delete"):
+            cls2 = AdminRequeueDeadLetters if kind == "requeue" else DeleteDeadLetters
+            if rng.random() < 0.5:
+                dead = list(state.dead)
+                picked = rng.sample(dead, min(len(dead), 2)) if dead else [random_id(rng)]
+                return cls2(job_ids=tuple(picked), **who)
+            return cls2(queue=rng.choice(QUEUES), max_jobs=rng.choice((1, 3)), **who)
+        if kind == "pause":
+            return PauseQueue(queue=rng.choice(QUEUES), **who)
+        if kind == "resume":
+            return ResumeQueue(queue=rng.choice(QUEUES), **who)
+        return PurgeQueue(queue=rng.choice(QUEUES), max_jobs=rng.choice((1, 2)), **who)
 
 
 # ---------------------------------------------------------------- files

@@ -62,6 +62,8 @@ _VALUES: list[Any] = [
     {1: "x"},
     {"k": None},
     [1],
+    [],
+    ["a", "b"],
 ]
 
 
@@ -105,6 +107,7 @@ def _sample(field_type: str) -> Any:
         "bool": False,
         "bytes?": b"x",
         "map?": {"a": 1},
+        "strs": ["a", "b"],
     }[field_type]
 
 
