@@ -3,7 +3,8 @@
 Reads every module's import statements (statically, with `ast`) and fails on an
 arrow the table forbids: log_format imports nothing from sepp; the core imports no
 I/O, clock, randomness, logging or asyncio; storage has no asyncio or sockets; the
-protocol has no sockets or asyncio; the client never reaches into the server side.
+protocol has no sockets or asyncio; the client never reaches into the server side;
+the server's service layer imports no front end and no wire.
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("log_format", "sepp.core", "sepp.storage", "tools"),
         ("sepp.server", "sepp.client"),
     ),
+    # The process and its front ends (operator.py, the CLI, is a client of a server).
+    "sepp/server": (
+        ("log_format", "sepp"),
+        ("tools",),
+    ),
 }
 
 # Narrow exceptions by file (fnmatch on the path from the repo root), replacing the
@@ -88,6 +94,30 @@ FILE_RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tools/crash*.py": (
         ("log_format", "sepp.core", "sepp.storage", "tools", "sepp.client", "sepp.protocol"),
         ("sepp.server",),
+    ),
+    # The service layer (ARCHITECTURE.md, "Front ends and the service layer"): every
+    # front end may import it; it imports no front end, no wire translation, no
+    # protocol and no wire or transport library.
+    "sepp/server/service.py": (
+        ("log_format", "sepp.core", "sepp.storage", "sepp.server", "sepp._version"),
+        (
+            "tools",
+            "sepp.client",
+            "sepp.protocol",
+            "sepp.server.server",
+            "sepp.server.native",
+            "sepp.server.wire",
+            "sepp.server.operator",
+            "sepp.server.cli",
+            "sepp.admin",
+            "sepp.grpc",
+            "socket",
+            "ssl",
+            "selectors",
+            "msgpack",
+            "aiohttp",
+            "grpc",
+        ),
     ),
     # The attacks (issue 13) speak raw frames to a real `sepp serve` process.
     "tools/attack.py": (
@@ -157,6 +187,14 @@ def test_every_layer_has_modules() -> None:
     # A rule over an empty folder would pass vacuously.
     for folder in ("log_format", "sepp/core", "sepp/storage"):
         assert list((ROOT / folder).rglob("*.py")), folder
+
+
+def test_the_service_layer_may_not_import_a_front_end_or_a_wire() -> None:
+    allowed, forbidden = FILE_RULES["sepp/server/service.py"]
+    for module in ("sepp.server.server", "sepp.server.wire", "sepp.protocol.messages", "msgpack"):
+        assert _matches(module, forbidden), module
+    assert _matches("sepp.server.pipeline", allowed)
+    assert not _matches("sepp.server.pipeline", forbidden)
 
 
 def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:

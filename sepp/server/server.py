@@ -1,10 +1,13 @@
-"""The sepp server: asyncio listener, connections, dispatch, long polls, sweeps,
-shutdown.
+"""The sepp server: the process (recovery, listener, shutdown) and the native TCP
+front end.
 
-Owns: `SeppServer` (start, serve, shut down), `ClientConnection` (one socket: frames
-in, responses out, hello/auth, per-connection limits and flow control), the dispatch
-of each protocol operation to a state-machine command, parked long-poll reserves
-and the sweep timer.
+Owns: `SeppServer` (start, serve, shut down; it builds the `SeppService` and the
+commit pipeline), `ClientConnection` (one socket: frames in, responses out, hello,
+per-connection limits and flow control) and `NativeReserveSink` (a reserve's
+answer on a connection). Each protocol operation is decoded into a call of the
+service layer (service.py: commands, reads, long polls, auth decisions, the sweep)
+and its result rendered into a frame (wire.py); nothing here builds a command's
+events, touches storage or keeps its own copy of a rule.
 
 Promises:
 - The only layer that reads the clock and does network I/O. Commands run on the
@@ -23,13 +26,14 @@ Promises:
   client has gone is never given jobs; jobs whose reserve answer could not be
   written at all are released (Ready again at once, no attempt counted).
 - Lease expiries and scheduled jobs are handled by a logged Sweep command on a
-  timer set for the next deadline (never later than sweep_interval_ms).
+  timer set for the next deadline (never later than sweep_interval_ms; service.py).
+
+Must not import: another front end (the admin HTTP API, gRPC).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import ssl
 import time
@@ -43,17 +47,10 @@ from sepp.core.commands import (
     RETRY_DEAD_LETTER,
     RETRY_DELAY,
     Ack,
-    Command,
-    DrainDeadLetters,
-    Enqueue,
     Extend,
     Nack,
     NewJob,
-    Release,
-    Reserve,
-    Sweep,
 )
-from sepp.core.config import ANSWER_ENVELOPE_BYTES_MAX
 from sepp.core.decide import Decision
 from sepp.core.results import (
     AckResult,
@@ -63,22 +60,30 @@ from sepp.core.results import (
     JobView,
     NackResult,
     ReleaseResult,
-    ReserveResult,
 )
 from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FrameReader, encode_frame
 from sepp.server import admission, gcpolicy
-from sepp.server.admission import RateLimitedLog, WaitList
+from sepp.server.admission import RateLimitedLog
 from sepp.server.config import ServerConfig, load_tls_context
 from sepp.server.faults import crash_hook_from_env
-from sepp.server.ids import JobIds
 from sepp.server.loops import loop_kind
 from sepp.server.pipeline import (
     CommitPipeline,
     Overloaded,
     resolve_sync_method,
     wall_clock_ms,
+)
+from sepp.server.service import (
+    AUTH_LET_IN,
+    AUTH_MISSING_KEY,
+    NOT_SERVING_SHUTTING_DOWN,
+    NOT_SERVING_STORAGE_FAILED,
+    InvalidRequest,
+    ParkedReserve,
+    SeppService,
+    ShuttingDown,
 )
 from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_view_body, new_job
 from sepp.storage import Engine, FileSystem, StorageFailed
@@ -99,30 +104,64 @@ WRITE_BUFFER_LOW = 256 * 1024
 # record against the rest (decide.job_answer_bytes), so an answer always fits one
 # frame, and the config refuses limits under which one job alone would not.
 
-# Releasing the jobs of an unwritable reserve answer while the commit backlog is
-# full: try again every RELEASE_RETRY_S, at most RELEASE_TRIES_MAX times (~1 s),
-# then leave them to their leases.
-RELEASE_RETRY_S = 0.01
-RELEASE_TRIES_MAX = 100
-
 EXIT_OK = 0
 EXIT_STORAGE_FAILED = 3
 
 REASON_TOO_MANY_CONNECTIONS = "too_many_connections"
 
 
-class ParkedReserve:
-    """A long-poll reserve waiting for jobs."""
+# Health reasons of the service, as the protocol names them.
+_NOT_SERVING_REASONS = {
+    NOT_SERVING_STORAGE_FAILED: perr.REASON_STORAGE_FAILED,
+    NOT_SERVING_SHUTTING_DOWN: perr.REASON_SHUTTING_DOWN,
+}
 
-    __slots__ = ("command", "conn", "done", "queues", "request_id", "timer")
 
-    def __init__(self, conn: ClientConnection, request_id: int, command: Reserve) -> None:
+class NativeReserveSink:
+    """The answer of one reserve request on a connection (service.ReserveSink).
+    Not alive once the connection is closed, closing or half-closed; a parked
+    one is in its connection's `parked` set until it is answered."""
+
+    __slots__ = ("conn", "handle", "request_id")
+
+    def __init__(self, conn: ClientConnection, request_id: int) -> None:
         self.conn = conn
         self.request_id = request_id
-        self.command = command
-        self.queues = tuple(dict.fromkeys(command.queues))
-        self.timer: asyncio.TimerHandle | None = None
-        self.done = False
+        # The service's handle while parked (withdraw, abandon).
+        self.handle: ParkedReserve | None = None
+
+    @property
+    def peer(self) -> str:
+        return self.conn.peer
+
+    def alive(self) -> bool:
+        conn = self.conn
+        transport = conn.transport
+        return not (conn.closed or conn.eof or transport is None or transport.is_closing())
+
+    def finish(self, jobs: tuple[JobView, ...]) -> bool:
+        conn = self.conn
+        if self.handle is not None:
+            conn.parked.discard(self)
+        transport = conn.transport
+        if conn.closed or transport is None or transport.is_closing():
+            conn.in_flight -= 1
+            return False
+        conn.send_frame(
+            encode_frame(
+                pm.encode_response(
+                    self.request_id, perr.OK, {"jobs": [job_view_body(j) for j in jobs]}
+                )
+            )
+        )
+        return True
+
+    def refused(self, error: CommandError) -> None:
+        code, body = command_error(error)
+        self.conn.reply(self.request_id, code, body)
+
+    def failed(self, error: BaseException) -> None:
+        self.conn.send_after(error, b"", self.request_id)
 
 
 class SeppServer:
@@ -138,31 +177,19 @@ class SeppServer:
         self.fs = fs
         self.core_config = config.core_config()
         self.clock = clock
+        # Every operation the fronts offer (service.py); this class runs the
+        # process around it and the native front end.
+        self.service = SeppService(config, clock=clock)
         self.engine: Engine | None = None
         self.pipeline: CommitPipeline | None = None
         self.sync_method = "thread"  # resolved in start()
-        self.ids = JobIds()
         self.connections: set[ClientConnection] = set()
         self.address: tuple[str, int] | None = None
         self.exit_code = EXIT_OK
-        self.stopping = False
-        self.storage_failure: BaseException | None = None
-        # Damage wholly below the snapshot recovery started from (the health detail).
-        self.damaged_history: list[dict[str, object]] = []
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
         self._shutdown_task: asyncio.Task[None] | None = None
-        # queue -> parked reserves in arrival order (O(1) removal: issue 13 §5)
-        self._parked: dict[str, WaitList[ParkedReserve]] = {}
-        self._wake_queued: set[str] = set()
-        self._wake_scheduled = False
-        self._sweep_timer: asyncio.TimerHandle | None = None
-        self._sweep_target: int | None = None
-        keys = config.api_keys
-        self._api_keys: list[bytes] | None = (
-            None if keys is None else [k.key.encode() for k in keys]
-        )
         server = config.values["server"]
         self.handshake_timeout_s = server["handshake_timeout_ms"] / 1000
         self.tls_handshake_timeout_s = server["tls_handshake_timeout_ms"] / 1000
@@ -185,9 +212,32 @@ class SeppServer:
         self.frame_bytes_max_before_hello = min(
             server["frame_bytes_max_before_hello"], self.frame_bytes_max
         )
-        self.answer_items_bytes_max = self.frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX
-        self.sweep_interval_ms = config.get("storage", "sweep_interval_ms")
-        self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
+
+    # The service's state, read (and set, by tests) through the server.
+
+    @property
+    def stopping(self) -> bool:
+        return self.service.stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self.service.stopping = value
+
+    @property
+    def storage_failure(self) -> BaseException | None:
+        return self.service.storage_failure
+
+    @storage_failure.setter
+    def storage_failure(self, value: BaseException | None) -> None:
+        self.service.storage_failure = value
+
+    @property
+    def damaged_history(self) -> list[dict[str, object]]:
+        return self.service.damaged_history
+
+    @property
+    def _sweep_target(self) -> int | None:
+        return self.service._sweep_target
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -246,7 +296,7 @@ class SeppServer:
                 data_dir,
                 data_dir,
             )
-        self.damaged_history = [
+        self.service.damaged_history = [
             {
                 "file": damage.path,
                 "offset": damage.offset,
@@ -288,6 +338,8 @@ class SeppServer:
             on_failure=self._storage_failed,
         )
         self.pipeline.start(self.sync_method)
+        # Ready before the listener: a connection may arrive while it starts.
+        self.service.open(engine, self.pipeline, self._loop)
         host, port = self.config.listen
         # TLS is started per connection (ClientConnection._start_tls), not by the
         # listener: a connection then counts from its accept, its handshake
@@ -318,7 +370,7 @@ class SeppServer:
         sock = self._server.sockets[0]
         bound = sock.getsockname()
         self.address = (bound[0], bound[1])
-        self._schedule_sweep()
+        api_keys = self.config.api_keys
         log.info(
             "listening on %s:%d (%s, persist_mode=%s, sync=%s, auth=%s, build=%s, loop=%s)",
             self.address[0],
@@ -326,7 +378,7 @@ class SeppServer:
             "TLS" if tls else "plain TCP",
             engine.options.persist_mode,
             self.sync_method,
-            "off" if self._api_keys is None else f"{len(self._api_keys)} key(s)",
+            "off" if api_keys is None else f"{len(api_keys)} key(s)",
             running_build(),
             loop_kind(self._loop),
         )
@@ -349,16 +401,11 @@ class SeppServer:
         if self.stopping:
             await self._stopped.wait()
             return
-        self.stopping = True
         log.info("shutting down")
         if self._server is not None:
             self._server.close()
-        if self._sweep_timer is not None:
-            self._sweep_timer.cancel()
-        for waiters in list(self._parked.values()):
-            for parked in list(waiters):
-                self._finish_parked(parked, ())
-        self._parked.clear()
+        # No new commands; parked reserves answered empty; no more sweeps.
+        self.service.stop()
         pipeline, engine = self.pipeline, self.engine
         if pipeline is not None:
             try:
@@ -404,235 +451,17 @@ class SeppServer:
     # -- helpers -------------------------------------------------------------------
 
     def check_api_key(self, key: str | None) -> bool:
-        keys = self._api_keys
-        if keys is None:
-            return True
-        if key is None:
-            return False
-        candidate = key.encode()
-        # Compare against every key in constant time, so timing tells nothing about
-        # which key (or how much of one) matched.
-        matched = False
-        for known in keys:
-            matched |= hmac.compare_digest(candidate, known)
-        return matched
+        return self.service.check_api_key(key)
 
     @property
     def auth_required(self) -> bool:
-        return self._api_keys is not None
-
-    def run(self, command: Command) -> tuple[Decision | CommandError, int]:
-        """Execute a command on the loop thread; side effects (wakes, sweep timer,
-        snapshots) included. Raises Overloaded / StorageFailed."""
-        pipeline = self.pipeline
-        assert pipeline is not None
-        decision, barrier = pipeline.execute(command)
-        if type(decision) is Decision and decision.events:
-            if decision.woken:
-                self._wake(decision.woken)
-            self._schedule_sweep()
-            engine = pipeline.engine
-            if engine.snapshot_due():
-                engine.start_snapshot()
-        return decision, barrier
-
-    def respond_when_durable(
-        self, conn: ClientConnection, barrier: int, frame: bytes, request_id: int
-    ) -> None:
-        pipeline = self.pipeline
-        assert pipeline is not None
-        pipeline.after_durable(barrier, conn.send_after, frame, request_id)
-
-    # -- long polls ------------------------------------------------------------------
-
-    def park(self, parked: ParkedReserve, wait_ms: int) -> None:
-        for queue in parked.queues:
-            waiters = self._parked.get(queue)
-            if waiters is None:
-                waiters = self._parked[queue] = WaitList()
-            waiters.append(parked)
-        assert self._loop is not None
-        parked.timer = self._loop.call_later(wait_ms / 1000, self._parked_timeout, parked)
-        parked.conn.parked.add(parked)
-
-    def _parked_timeout(self, parked: ParkedReserve) -> None:
-        self._finish_parked(parked, ())
-
-    def unpark(self, parked: ParkedReserve) -> None:
-        parked.done = True
-        if parked.timer is not None:
-            parked.timer.cancel()
-        parked.conn.parked.discard(parked)
-        for queue in parked.queues:
-            waiters = self._parked.get(queue)
-            if waiters is not None:
-                waiters.remove(parked)
-                if not waiters:
-                    del self._parked[queue]
-
-    def _finish_parked(
-        self, parked: ParkedReserve, jobs: tuple[Any, ...], barrier: int = 0
-    ) -> None:
-        if parked.done:
-            return
-        self.unpark(parked)
-        frame = encode_frame(
-            pm.encode_response(
-                parked.request_id, perr.OK, {"jobs": [job_view_body(j) for j in jobs]}
-            )
-        )
-        if jobs:
-            self.respond_reserve_when_durable(parked.conn, barrier, frame, parked.request_id, jobs)
-        elif barrier:
-            self.respond_when_durable(parked.conn, barrier, frame, parked.request_id)
-        else:
-            parked.conn.send_frame(frame)
-
-    def respond_reserve_when_durable(
-        self,
-        conn: ClientConnection,
-        barrier: int,
-        frame: bytes,
-        request_id: int,
-        jobs: tuple[JobView, ...],
-    ) -> None:
-        """Like `respond_when_durable`, for a reserve answer that leased `jobs`: if
-        the answer cannot be written when it is due, the jobs are released."""
-        pipeline = self.pipeline
-        assert pipeline is not None
-        pipeline.after_durable(barrier, conn.send_reserve_after, frame, request_id, jobs)
-
-    def release_undelivered(
-        self, jobs: tuple[JobView, ...], peer: str, tries_left: int = RELEASE_TRIES_MAX
-    ) -> None:
-        """Hand back jobs leased by a reserve answer that could not be written (the
-        connection was already closed): Ready again at once, the attempt not
-        counted. Fenced like any release: a job whose lease has moved on since is
-        left alone."""
-        left: list[JobView] = []
-        for job in jobs:
-            if self.stopping or self.storage_failure is not None:
-                left.append(job)
-                continue
-            try:
-                decision, _barrier = self.run(_new_tuple(Release, (job.job_id, job.attempt, None)))
-            except Overloaded:
-                left.append(job)
-                continue
-            except StorageFailed:
-                return
-            if type(decision) is Decision:
-                log.info(
-                    "released job %s attempt %d: its reserve answer to %s could not be written",
-                    job.job_id,
-                    job.attempt,
-                    peer,
-                )
-            else:
-                log.debug("job %s needs no release: %s", job.job_id, decision)
-        if not left:
-            return
-        if tries_left > 1 and not self.stopping and self._loop is not None:
-            # The commit backlog is full: try again shortly rather than let the
-            # leases lapse (which would count an attempt nobody made).
-            self._loop.call_later(
-                RELEASE_RETRY_S, self.release_undelivered, tuple(left), peer, tries_left - 1
-            )
-            return
-        log.warning(
-            "could not release %d job(s) whose reserve answer to %s was not written; "
-            "their leases will expire",
-            len(left),
-            peer,
-        )
-
-    def _wake(self, queues: frozenset[str]) -> None:
-        parked = self._parked
-        if not parked:
-            return
-        for queue in queues:
-            if queue in parked:
-                self._wake_queued.add(queue)
-        if self._wake_queued and not self._wake_scheduled:
-            self._wake_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._wake_pass)
-
-    def _wake_pass(self) -> None:
-        """Serve parked reserves of the woken queues, oldest first, while their
-        queue yields jobs: one reserve per waiter, stop at the first empty one."""
-        self._wake_scheduled = False
-        queues, self._wake_queued = self._wake_queued, set()
-        for queue in queues:
-            while not self.stopping:
-                waiters = self._parked.get(queue)
-                if not waiters:
-                    break
-                parked = waiters.first()
-                conn = parked.conn
-                if conn.closed or conn.transport is None or conn.transport.is_closing():
-                    # Never lease jobs to a reserve whose answer cannot be delivered.
-                    self.unpark(parked)
-                    continue
-                if conn.eof:
-                    # Its client half-closed (eof_received finishes its parked
-                    # reserves; this is the belt to those braces).
-                    self._finish_parked(parked, ())
-                    continue
-                try:
-                    decision, barrier = self.run(parked.command)
-                except (Overloaded, StorageFailed):
-                    break  # try again at the next wake; the deadline still holds
-                if type(decision) is not Decision:
-                    self._finish_parked(parked, ())
-                    continue
-                reply = decision.reply
-                assert isinstance(reply, ReserveResult)
-                if not reply.jobs:
-                    break
-                self._finish_parked(parked, reply.jobs, barrier)
+        return self.service.auth_required
 
     def _schedule_refreeze(self) -> None:
         if self.stopping or self._loop is None:
             return
         gcpolicy.refreeze()
         self._loop.call_later(gcpolicy.FREEZE_INTERVAL_S, self._schedule_refreeze)
-
-    # -- the sweep ---------------------------------------------------------------------
-
-    def _schedule_sweep(self) -> None:
-        if self.stopping or self.engine is None or self._loop is None:
-            return
-        deadline = self.engine.state.next_deadline()
-        current = self._sweep_target
-        if current is not None and (deadline is None or deadline >= current):
-            return  # the timer already fires early enough (the usual case)
-        now = self.clock()
-        target = now + self.sweep_interval_ms
-        if deadline is not None and deadline < target:
-            target = deadline
-        if self._sweep_timer is not None and self._sweep_target is not None:
-            if self._sweep_target <= target:
-                return
-            self._sweep_timer.cancel()
-        self._sweep_target = target
-        self._sweep_timer = self._loop.call_later(max(0, target - now) / 1000, self._sweep)
-
-    def _sweep(self) -> None:
-        self._sweep_timer = None
-        self._sweep_target = None
-        if self.stopping:
-            return
-        try:
-            decision, _barrier = self.run(Sweep())
-            if type(decision) is Decision and decision.events:
-                reply = decision.reply
-                log.debug("sweep: %s", reply)
-        except Overloaded:
-            pass  # the backlog will drain; retry on the next timer
-        except StorageFailed:
-            return
-        self._schedule_sweep()
 
 
 class ClientConnection(asyncio.Protocol):
@@ -648,7 +477,8 @@ class ClientConnection(asyncio.Protocol):
         self.hello_done = False
         self.closed = False
         self.in_flight = 0
-        self.parked: set[ParkedReserve] = set()
+        # Reserves of this connection parked in the service, until answered.
+        self.parked: set[NativeReserveSink] = set()
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         # time.monotonic() of the last bytes received or answer sent (idle timeout).
@@ -831,8 +661,10 @@ class ClientConnection(asyncio.Protocol):
         # are never given jobs (issue 12: a dead client's parked reserve took the
         # next job and its lease lapsed into the dead-letter store).
         self.eof = True
-        for parked in sorted(self.parked, key=_by_request_id):
-            self.server._finish_parked(parked, ())
+        service = self.server.service
+        for sink in sorted(self.parked, key=_by_request_id):
+            if sink.handle is not None:
+                service.withdraw(sink.handle)
         if self.reader.buffered or self.in_flight <= 0:
             return None  # the transport closes itself
         return True
@@ -852,8 +684,11 @@ class ClientConnection(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        for parked in list(self.parked):
-            server.unpark(parked)
+        service = server.service
+        for sink in list(self.parked):
+            if sink.handle is not None:
+                service.abandon(sink.handle)
+        self.parked.clear()
 
     def pause_writing(self) -> None:
         # The client is not reading its responses: stop reading its requests.
@@ -1004,24 +839,6 @@ class ClientConnection(asyncio.Protocol):
             return
         self.send_frame(frame)
 
-    def send_reserve_after(
-        self,
-        error: BaseException | None,
-        frame: bytes,
-        request_id: int,
-        jobs: tuple[JobView, ...],
-    ) -> None:
-        """Write a reserve answer that leased `jobs` once it is durable. If the
-        connection is already gone the answer cannot be written at all: the jobs
-        were delivered to nobody, so they are released at once (Ready, the
-        attempt not counted) instead of waiting out their leases."""
-        transport = self.transport
-        if error is None and (self.closed or transport is None or transport.is_closing()):
-            self.in_flight -= 1
-            self.server.release_undelivered(jobs, self.peer)
-            return
-        self.send_after(error, frame, request_id)
-
     def send_drain_after(
         self, error: BaseException | None, frame: bytes, request_id: int, reply: DrainResult
     ) -> None:
@@ -1127,6 +944,10 @@ class ClientConnection(asyncio.Protocol):
         handler = _HANDLERS[op]
         try:
             handler(self, request.id, body)
+        except ShuttingDown:
+            self._shutting_down(request.id)
+        except InvalidRequest as exc:
+            self.error(request.id, perr.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:
             self.error(request.id, perr.RESOURCE_EXHAUSTED, str(exc), reason=perr.REASON_OVERLOADED)
         except StorageFailed as exc:
@@ -1157,7 +978,7 @@ class ClientConnection(asyncio.Protocol):
             frame = encode_frame(pm.encode_response(request_id, code, body))
         else:
             frame = encode_frame(pm.encode_response(request_id, perr.OK, body_of(decision.reply)))
-        self.server.respond_when_durable(self, barrier, frame, request_id)
+        self.server.service.after_durable(barrier, self.send_after, frame, request_id)
 
     # -- operations ------------------------------------------------------------------------
 
@@ -1172,13 +993,14 @@ class ClientConnection(asyncio.Protocol):
             )
             self.close()
             return
-        if not server.check_api_key(body.api_key):
+        outcome = server.service.authenticate(body.api_key)
+        if outcome not in AUTH_LET_IN:
             # Rate-limited: a peer can fail hellos as fast as it can connect.
             server.warn.warning(
                 "hello_failed",
                 "closing %s: %s",
                 self.peer,
-                "missing API key" if body.api_key is None else "unknown API key",
+                "missing API key" if outcome == AUTH_MISSING_KEY else "unknown API key",
             )
             self.error(request_id, perr.UNAUTHENTICATED, "missing or unknown API key")
             self.close()
@@ -1207,64 +1029,34 @@ class ClientConnection(asyncio.Protocol):
         )
 
     def op_health(self, request_id: int, body: None) -> None:
-        server = self.server
+        health = self.server.service.health()
         answer: dict[str, object]
-        if server.storage_failure is not None:
-            answer = {"status": "not_serving", "reason": perr.REASON_STORAGE_FAILED}
-        elif server.stopping:
-            answer = {"status": "not_serving", "reason": perr.REASON_SHUTTING_DOWN}
-        else:
+        if health.serving:
             answer = {"status": "serving"}
-        if server.damaged_history:
-            answer["damaged_history"] = server.damaged_history
+        else:
+            answer = {"status": "not_serving", "reason": _NOT_SERVING_REASONS[health.reason or ""]}
+        if health.damaged_history:
+            answer["damaged_history"] = health.damaged_history
         self.reply(request_id, perr.OK, answer)
 
     def op_enqueue(self, request_id: int, body: pm.EnqueueBody) -> None:
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        server = self.server
+        service = self.server.service
         wire_jobs = body.jobs
         if len(wire_jobs) == 1:  # the usual enqueue: one job, no batch machinery
-            jobs: tuple[NewJob, ...] = (new_job(server.ids.next(), wire_jobs[0]),)
+            jobs: tuple[NewJob, ...] = (new_job(service.new_job_id(), wire_jobs[0]),)
         else:
-            jobs = tuple(map(new_job, server.ids.take(len(wire_jobs)), wire_jobs))
-        decision, barrier = server.run(_new_tuple(Enqueue, (jobs, body.atomic)))
+            jobs = tuple(map(new_job, service.new_job_ids(len(wire_jobs)), wire_jobs))
+        decision, barrier = service.enqueue(jobs, body.atomic)
         self._finish(request_id, decision, barrier, enqueue_body)
 
     def op_reserve(self, request_id: int, body: pm.ReserveBody) -> None:
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        server = self.server
-        if body.wait_ms < 0:
-            self.error(request_id, perr.INVALID_ARGUMENT, "wait_ms must be >= 0")
-            return
-        # Positional, in Reserve's field order (queues, lease_ms, max_jobs,
-        # worker_id, max_bytes): a reserve per request is the worker's hot path.
-        # max_bytes keeps the answer within one frame of the client's (= our)
-        # limit, leaving room for the envelope.
-        command: Reserve = _new_tuple(
-            Reserve,
-            (
-                tuple(body.queues),
-                body.lease_ms,
-                body.max_jobs,
-                body.worker_id,
-                server.answer_items_bytes_max,
-            ),
+        sink = NativeReserveSink(self, request_id)
+        handle = self.server.service.reserve(
+            tuple(body.queues), body.lease_ms, body.max_jobs, body.worker_id, body.wait_ms, sink
         )
-        decision, barrier = server.run(command)
-        if type(decision) is Decision:
-            reply = decision.reply
-            assert isinstance(reply, ReserveResult)
-            wait_ms = min(body.wait_ms, server.max_wait_ms)
-            if not reply.jobs and wait_ms > 0:
-                server.park(ParkedReserve(self, request_id, command), wait_ms)
-                return
-            if reply.jobs:
-                frame = encode_frame(pm.encode_response(request_id, perr.OK, _reserve_body(reply)))
-                server.respond_reserve_when_durable(self, barrier, frame, request_id, reply.jobs)
-                return
-        self._finish(request_id, decision, barrier, _reserve_body)
+        if handle is not None:
+            sink.handle = handle
+            self.parked.add(sink)
 
     def op_withdraw(self, request_id: int, body: pm.WithdrawBody) -> None:
         """End a parked reserve of this connection early (PROTOCOL.md 5.12): it is
@@ -1272,46 +1064,32 @@ class ClientConnection(asyncio.Protocol):
         id is parked here (never sent, or its answer has already left -- any jobs
         in it are the client's, to release)."""
         target = body.request_id
-        for parked in self.parked:
-            if parked.request_id == target:
-                self.server._finish_parked(parked, ())
+        for sink in self.parked:
+            # A sink stays in `parked` until its answer is written: one the service
+            # has already answered (durable soon) is not withdrawn.
+            if (
+                sink.request_id == target
+                and sink.handle is not None
+                and self.server.service.withdraw(sink.handle)
+            ):
                 self.reply(request_id, perr.OK, {"withdrawn": True})
                 return
         self.reply(request_id, perr.OK, {"withdrawn": False})
 
     def op_release(self, request_id: int, body: pm.ReleaseBody) -> None:
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        decision, barrier = self.server.run(
-            _new_tuple(Release, (body.job_id, body.attempt, body.worker_id))
-        )
+        decision, barrier = self.server.service.release(body.job_id, body.attempt, body.worker_id)
         self._finish(request_id, decision, barrier, _release_body)
 
     def op_ack(self, request_id: int, body: pm.AckBody) -> None:
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        decision, barrier = self.server.run(
-            _new_tuple(Ack, (body.job_id, body.attempt, body.worker_id))
-        )
+        decision, barrier = self.server.service.ack(body.job_id, body.attempt, body.worker_id)
         self._finish(request_id, decision, barrier, _ack_body)
 
     def op_nack(self, request_id: int, body: pm.NackBody) -> None:
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        decision, barrier = self.server.run(_nack_command(body))
+        decision, barrier = self.server.service.nack(_nack_command(body))
         self._finish(request_id, decision, barrier, _nack_body)
 
     def op_extend(self, request_id: int, body: pm.ExtendBody) -> None:
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        decision, barrier = self.server.run(
-            Extend(
-                job_id=body.job_id,
-                attempt=body.attempt,
-                lease_ms=body.lease_ms,
-                worker_id=body.worker_id,
-            )
-        )
+        decision, barrier = self.server.service.extend(_extend_command(body))
         self._finish(request_id, decision, barrier, _extend_body)
 
     def op_settle(self, request_id: int, body: pm.SettleBody) -> None:
@@ -1320,173 +1098,95 @@ class ClientConnection(asyncio.Protocol):
         they share a group commit); one answer with a result per item, sent once
         the last of them is durable. An item the server is too busy to take gets
         its own ``resource_exhausted`` (the items before it stand)."""
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        server = self.server
-        results: list[dict[str, Any]] = []
-        last = 0
+        service = self.server.service
+        commands: list[Ack | Nack | Extend | None] = []
+        renderers: list[Callable[[Any], dict[str, Any]] | str] = []
         for item in body.items:
             if type(item) is pm.AckBody:
-                command: Ack | Nack | Extend = _new_tuple(
-                    Ack, (item.job_id, item.attempt, item.worker_id)
-                )
-                body_of: Callable[[Any], dict[str, Any]] = _ack_body
+                commands.append(_new_tuple(Ack, (item.job_id, item.attempt, item.worker_id)))
+                renderers.append(_ack_body)
             elif type(item) is pm.NackBody:
-                command = _nack_command(item)
-                body_of = _nack_body
+                commands.append(_nack_command(item))
+                renderers.append(_nack_body)
             elif type(item) is pm.ExtendBody:
-                command = Extend(
-                    job_id=item.job_id,
-                    attempt=item.attempt,
-                    lease_ms=item.lease_ms,
-                    worker_id=item.worker_id,
-                )
-                body_of = _extend_body
+                commands.append(_extend_command(item))
+                renderers.append(_extend_body)
             else:
-                message = item.message if isinstance(item, perr.ProtocolError) else "malformed"
-                results.append({"status": perr.INVALID_ARGUMENT, "message": message})
-                continue
-            try:
-                decision, barrier = server.run(command)
-            except Overloaded as exc:
+                commands.append(None)
+                renderers.append(
+                    item.message if isinstance(item, perr.ProtocolError) else "malformed"
+                )
+        outcomes, last = service.settle(commands)
+        results: list[dict[str, Any]] = []
+        for outcome, render in zip(outcomes, renderers, strict=True):
+            if outcome is None:
+                assert isinstance(render, str)
+                results.append({"status": perr.INVALID_ARGUMENT, "message": render})
+            elif type(outcome) is Decision:
+                assert not isinstance(render, str)
+                result = render(outcome.reply)
+                result["status"] = perr.OK
+                results.append(result)
+            elif isinstance(outcome, Overloaded):
                 results.append(
                     {
                         "status": perr.RESOURCE_EXHAUSTED,
-                        "message": str(exc),
+                        "message": str(outcome),
                         "reason": perr.REASON_OVERLOADED,
                     }
                 )
-                continue
-            if barrier > last:
-                last = barrier
-            if type(decision) is Decision:
-                result = body_of(decision.reply)
-                result["status"] = perr.OK
             else:
-                code, result = command_error(decision)  # type: ignore[arg-type]
+                code, result = command_error(outcome)  # type: ignore[arg-type]
                 result["status"] = code
-            results.append(result)
+                results.append(result)
         frame = encode_frame(pm.encode_response(request_id, perr.OK, {"results": results}))
-        server.respond_when_durable(self, last, frame, request_id)
+        service.after_durable(last, self.send_after, frame, request_id)
 
     def op_drain_dead_letters(self, request_id: int, body: pm.DrainBody) -> None:
-        if self.server.stopping:
-            return self._shutting_down(request_id)
-        # max_bytes: the answer must fit one frame, for the records it carries are
-        # deleted by the same record (PROTOCOL.md 5.6).
-        decision, barrier = self.server.run(
-            DrainDeadLetters(
-                queue=body.queue,
-                max_records=body.max_records,
-                max_bytes=self.server.answer_items_bytes_max,
-            )
-        )
+        service = self.server.service
+        decision, barrier = service.drain_dead_letters(body.queue, body.max_records, self.peer)
         if type(decision) is Decision and decision.events:
-            log.warning(
-                "drain_dead_letters by %s removed %d record(s)", self.peer, len(decision.events)
-            )
             reply = decision.reply
             assert isinstance(reply, DrainResult)
             frame = encode_frame(pm.encode_response(request_id, perr.OK, _drain_body(reply)))
-            pipeline = self.server.pipeline
-            assert pipeline is not None
-            pipeline.after_durable(barrier, self.send_drain_after, frame, request_id, reply)
+            service.after_durable(barrier, self.send_drain_after, frame, request_id, reply)
             return
         self._finish(request_id, decision, barrier, _drain_body)
 
     def op_server_info(self, request_id: int, body: None) -> None:
-        server = self.server
-        engine = server.engine
-        assert engine is not None
-        config = server.core_config
-        policy = config.defaults
-        limits = config.limits
-        info = {
-            "server_version": SEPP_VERSION,
-            "supported_protocol_versions": [f"v{v}" for v in pm.SUPPORTED_PROTOCOL_VERSIONS],
-            "server_time_ms": server.clock(),
-            "restricts_encodings": policy.allowed_encodings is not None,
-            "allowed_encodings": list(policy.allowed_encodings or ()),
-            "max_payload_bytes": policy.max_payload_bytes,
-            "max_message_bytes": limits.max_message_bytes,
-            "max_custom_entries": policy.max_custom_entries,
-            "max_custom_total_bytes": policy.max_custom_total_bytes,
-            "max_custom_key_bytes": policy.max_custom_key_bytes,
-            "max_queue_name_bytes": limits.max_queue_name_bytes,
-            "max_job_type_bytes": limits.max_job_type_bytes,
-            "max_idempotency_key_bytes": limits.max_idempotency_key_bytes,
-            "max_trace_context_bytes": limits.max_trace_context_bytes,
-            "max_encoding_bytes": limits.max_encoding_bytes,
-            "max_worker_id_bytes": limits.max_worker_id_bytes,
-            "max_reason_bytes": limits.max_reason_bytes,
-            "max_stats_queues": limits.max_stats_queues,
-            "max_schedule_horizon_ms": policy.max_schedule_horizon_ms,
-            "max_enqueue_batch": limits.max_enqueue_batch,
-            "max_settle_batch": pm.MAX_SETTLE_BATCH,
-            "max_reserve_batch": limits.max_reserve_batch,
-            "max_reserve_queues": limits.max_reserve_queues,
-            "max_wait_timeout_ms": limits.max_wait_timeout_ms,
-            "max_lease_duration_ms": policy.max_lease_duration_ms,
-            "strict_queues": config.strict_queues,
-            "dead_letter_retention_enabled": config.dead_letter_retention_ms > 0,
-            "dead_letter_retention_ms": config.dead_letter_retention_ms,
-            "persist_mode": engine.options.persist_mode,
-        }
-        self.server.respond_when_durable(
-            self,
-            engine.appended_seq,
+        service = self.server.service
+        info = service.server_info()
+        info["supported_protocol_versions"] = [f"v{v}" for v in pm.SUPPORTED_PROTOCOL_VERSIONS]
+        info["max_settle_batch"] = pm.MAX_SETTLE_BATCH
+        service.after_durable(
+            service.read_barrier(),
+            self.send_after,
             encode_frame(pm.encode_response(request_id, perr.OK, info)),
             request_id,
         )
 
     def op_queue_stats(self, request_id: int, body: pm.QueueStatsBody) -> None:
-        server = self.server
-        engine = server.engine
-        assert engine is not None
-        state = engine.state
-        now = server.clock()
-        if body.queues is None:
-            names = sorted(state.queues)
-        else:
-            # Repeats are answered once; past max_stats_queues distinct names the
-            # request is refused (4 million repeated names once made a 278 MiB
-            # answer and a 7 s stall).
-            names = list(dict.fromkeys(body.queues))
-            limits = server.core_config.limits
-            if len(names) > limits.max_stats_queues:
-                self.error(
-                    request_id,
-                    perr.INVALID_ARGUMENT,
-                    f"queue_stats lists at most {limits.max_stats_queues} distinct queues "
-                    f"(max_stats_queues), got {len(names)}",
-                )
-                return
-        stats = []
-        for name in names:
-            q = state.queues.get(name)
-            oldest = state.oldest_ready_enqueued_at(name)
-            stats.append(
-                {
-                    "name": name,
-                    "ready": q.ready_count if q else 0,
-                    "scheduled": q.scheduled_count if q else 0,
-                    "in_flight": q.in_flight_count if q else 0,
-                    "dead_lettered": len(q.dead) if q else 0,
-                    "oldest_ready_age_ms": None if oldest is None else max(0, now - oldest),
-                }
-            )
-        server.respond_when_durable(
-            self,
-            engine.appended_seq,
+        service = self.server.service
+        now, stats = service.queue_stats(body.queues)
+        queues = [
+            {
+                "name": q.name,
+                "ready": q.ready,
+                "scheduled": q.scheduled,
+                "in_flight": q.in_flight,
+                "dead_lettered": q.dead_lettered,
+                "oldest_ready_age_ms": q.oldest_ready_age_ms,
+            }
+            for q in stats
+        ]
+        service.after_durable(
+            service.read_barrier(),
+            self.send_after,
             encode_frame(
-                pm.encode_response(request_id, perr.OK, {"server_time_ms": now, "queues": stats})
+                pm.encode_response(request_id, perr.OK, {"server_time_ms": now, "queues": queues})
             ),
             request_id,
         )
-
-
-def _reserve_body(reply: ReserveResult) -> dict[str, Any]:
-    return {"jobs": [job_view_body(j) for j in reply.jobs]}
 
 
 def _ack_body(reply: AckResult) -> dict[str, Any]:
@@ -1497,8 +1197,8 @@ def _release_body(reply: ReleaseResult) -> dict[str, Any]:
     return {"job_id": reply.job_id}
 
 
-def _by_request_id(parked: ParkedReserve) -> int:
-    return parked.request_id
+def _by_request_id(sink: NativeReserveSink) -> int:
+    return sink.request_id
 
 
 def _nack_command(body: pm.NackBody) -> Nack:
@@ -1511,6 +1211,15 @@ def _nack_command(body: pm.NackBody) -> Nack:
         retry=retry,
         delay_ms=body.delay_ms,
         reason=body.reason,
+        worker_id=body.worker_id,
+    )
+
+
+def _extend_command(body: pm.ExtendBody) -> Extend:
+    return Extend(
+        job_id=body.job_id,
+        attempt=body.attempt,
+        lease_ms=body.lease_ms,
         worker_id=body.worker_id,
     )
 

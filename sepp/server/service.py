@@ -1,0 +1,777 @@
+"""The service layer: every operation the server offers, transport-neutral.
+
+Every front end (the native TCP protocol in server.py today; the admin HTTP API
+and the gRPC front later) decodes its wire into calls of `SeppService` and renders
+what they return. The service knows nothing of frames, sockets, status codes or
+message encodings.
+
+Owns:
+- auth decisions: `authenticate(api_key)` (one of the AUTH_* outcomes, a decision table;
+  keys compared in constant time);
+- commands through the commit pipeline: `run(command)` (decide, apply, log, then
+  the side effects: wake parked reserves, re-arm the sweep timer, start a due
+  snapshot), the operations built on it (`enqueue`, `reserve`, `ack`, `nack`,
+  `extend`, `release`, `settle`, `drain_dead_letters`) and `after_durable` /
+  `durable` to answer only once a result's barrier is on disk;
+- reads of the state: `health()`, `server_info()`, `queue_stats()`, answered
+  after `read_barrier()` so a read never shows what is not yet durable;
+- long polls: a reserve that finds nothing is parked with a `ReserveSink` (never a
+  connection), woken by the command that made jobs ready (one waiter at a time per
+  queue while jobs remain), answered empty on its deadline, at shutdown, on
+  `withdraw`, or dropped by `abandon` when its front has nobody to answer;
+  `reserve_wait` is the awaiting form (a `FutureSink`) for fronts that await;
+- the sweep timer (a logged Sweep command at the next deadline, at most
+  sweep_interval_ms apart) and the release of jobs whose answer was not written.
+
+Promises (issue 12, kept here so every front has them):
+- A sink that is no longer alive is never given jobs: it is answered empty.
+- Jobs whose reserve answer the sink could not write are released at once (Ready
+  again, the attempt not counted), fenced like any release; while the commit
+  backlog is full the release is retried for about a second.
+- A long poll that is withdrawn, abandoned or ends on its deadline costs no job
+  an attempt: it leased nothing.
+- Results are core result objects (`Decision`, `CommandError`, `JobView`,
+  `QueueStats`, `Health`); refusals before the core are typed exceptions
+  (`ShuttingDown`, `InvalidRequest`, `Overloaded`, `StorageFailed`) that each front
+  maps to its own codes.
+
+Must not import: any front end (sepp.server.server, a native/admin/grpc module),
+the wire translation (sepp.server.wire), the protocol package, a wire or transport
+library (socket, ssl, msgpack, aiohttp, grpc). Not in COMPILED_MODULES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+from sepp._version import __version__ as SEPP_VERSION
+from sepp.core.commands import (
+    Ack,
+    Command,
+    DrainDeadLetters,
+    Enqueue,
+    Extend,
+    Nack,
+    NewJob,
+    Release,
+    Reserve,
+    Sweep,
+)
+from sepp.core.config import ANSWER_ENVELOPE_BYTES_MAX
+from sepp.core.decide import Decision
+from sepp.core.results import CommandError, JobView, ReserveResult
+from sepp.server.admission import WaitList
+from sepp.server.config import ServerConfig
+from sepp.server.ids import JobIds
+from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
+from sepp.storage import Engine, StorageFailed
+
+__all__ = [
+    "AUTH_ACCEPTED",
+    "AUTH_MISSING_KEY",
+    "AUTH_OPEN",
+    "AUTH_UNKNOWN_KEY",
+    "CommandRefused",
+    "FutureSink",
+    "Health",
+    "InvalidRequest",
+    "Overloaded",
+    "ParkedReserve",
+    "QueueStats",
+    "ReserveSink",
+    "SeppService",
+    "ServiceError",
+    "ShuttingDown",
+    "StorageFailed",
+]
+
+log = logging.getLogger("sepp.server")
+# Builds a NamedTuple from a tuple of its fields, without its Python-level __new__.
+_new_tuple = tuple.__new__
+
+# Releasing the jobs of an unwritable reserve answer while the commit backlog is
+# full: try again every RELEASE_RETRY_S, at most RELEASE_TRIES_MAX times (~1 s),
+# then leave them to their leases.
+RELEASE_RETRY_S = 0.01
+RELEASE_TRIES_MAX = 100
+
+# Auth outcomes (`SeppService.authenticate`): the first two let the peer in.
+AUTH_OPEN = "open"  # no keys configured: every peer is let in
+AUTH_ACCEPTED = "accepted"  # the key is one of the configured keys
+AUTH_MISSING_KEY = "missing_key"  # keys are configured and the peer sent none
+AUTH_UNKNOWN_KEY = "unknown_key"  # keys are configured and this is not one of them
+AUTH_LET_IN = frozenset({AUTH_OPEN, AUTH_ACCEPTED})
+
+# Why the server is not serving (`Health.reason`).
+NOT_SERVING_STORAGE_FAILED = "storage_failed"
+NOT_SERVING_SHUTTING_DOWN = "shutting_down"
+
+
+# -- typed refusals ----------------------------------------------------------------------
+
+
+class ServiceError(Exception):
+    """A request refused by the service before it reached the core."""
+
+
+class ShuttingDown(ServiceError):
+    """The server is shutting down: no new commands are taken."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down")
+
+
+class InvalidRequest(ServiceError):
+    """The request is malformed in a way only the service can see (a negative
+    wait, too many queues asked for)."""
+
+
+class CommandRefused(ServiceError):
+    """The core refused the command (`error`: not found, attempt mismatch, an
+    invalid argument...): raised by the awaiting forms only."""
+
+    def __init__(self, error: CommandError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+# -- results of reads ----------------------------------------------------------------------
+
+
+class Health(NamedTuple):
+    serving: bool
+    # None while serving, else NOT_SERVING_STORAGE_FAILED / NOT_SERVING_SHUTTING_DOWN.
+    reason: str | None
+    # Damage wholly below the snapshot recovery started from (empty when none).
+    damaged_history: list[dict[str, object]]
+
+
+class QueueStats(NamedTuple):
+    name: str
+    ready: int
+    scheduled: int
+    in_flight: int
+    dead_lettered: int
+    oldest_ready_age_ms: int | None
+
+
+# -- long polls ------------------------------------------------------------------------------
+
+
+class ReserveSink(Protocol):
+    """Where the answer of one reserve goes: a front end's reply channel.
+
+    The service calls exactly one of `finish` / `refused` / `failed`, once, on the
+    loop thread, after the answer's barrier is durable (never for an abandoned
+    reserve)."""
+
+    @property
+    def peer(self) -> str:
+        """Who is asking (for log lines)."""
+        ...
+
+    def alive(self) -> bool:
+        """False once the answer can no longer reach anyone or nobody waits for
+        it (a closed socket, a cancelled call, a half-closed peer)."""
+        ...
+
+    def finish(self, jobs: tuple[JobView, ...]) -> bool:
+        """Deliver the answer (possibly empty). False if it could not be written
+        at all: the service then releases `jobs`."""
+        ...
+
+    def refused(self, error: CommandError) -> None:
+        """The core refused the reserve (an unknown queue, a bad lease...)."""
+        ...
+
+    def failed(self, error: BaseException) -> None:
+        """Storage failed before the answer was durable: its outcome is unknown."""
+        ...
+
+
+class FutureSink:
+    """A `ReserveSink` that resolves a future: what `reserve_wait` (and any front
+    that awaits, like gRPC) uses. Not alive once the future is done or cancelled
+    (the caller went away); jobs that arrive after that are released."""
+
+    __slots__ = ("future", "peer")
+
+    def __init__(self, future: asyncio.Future[tuple[JobView, ...]], peer: str) -> None:
+        self.future = future
+        self.peer = peer
+
+    def alive(self) -> bool:
+        return not self.future.done()
+
+    def finish(self, jobs: tuple[JobView, ...]) -> bool:
+        if self.future.done():
+            return False
+        self.future.set_result(jobs)
+        return True
+
+    def refused(self, error: CommandError) -> None:
+        if not self.future.done():
+            self.future.set_exception(CommandRefused(error))
+
+    def failed(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class ParkedReserve:
+    """A long-poll reserve waiting for jobs: the handle a front end keeps to
+    `withdraw` or `abandon` it."""
+
+    __slots__ = ("command", "done", "queues", "sink", "timer")
+
+    def __init__(self, sink: ReserveSink, command: Reserve) -> None:
+        self.sink = sink
+        self.command = command
+        self.queues = tuple(dict.fromkeys(command.queues))
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+class SeppService:
+    """Every operation of the server, for every front end. Runs on the event-loop
+    thread; `open` attaches the recovered engine and the started pipeline."""
+
+    def __init__(self, config: ServerConfig, *, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.config = config
+        self.core_config = config.core_config()
+        self.clock = clock
+        self.ids = JobIds()
+        self.engine: Engine | None = None
+        self.pipeline: CommitPipeline | None = None
+        self.stopping = False
+        self.storage_failure: BaseException | None = None
+        # Damage wholly below the snapshot recovery started from (the health detail).
+        self.damaged_history: list[dict[str, object]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        keys = config.api_keys
+        self._api_keys: list[bytes] | None = (
+            None if keys is None else [k.key.encode() for k in keys]
+        )
+        # queue -> parked reserves in arrival order (O(1) removal: issue 13 §5)
+        self._parked: dict[str, WaitList[ParkedReserve]] = {}
+        self._wake_queued: set[str] = set()
+        self._wake_scheduled = False
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._sweep_target: int | None = None
+        self.sweep_interval_ms = config.get("storage", "sweep_interval_ms")
+        self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
+        self.answer_items_bytes_max = (
+            config.get("limits", "max_message_bytes") - ANSWER_ENVELOPE_BYTES_MAX
+        )
+
+    def open(
+        self, engine: Engine, pipeline: CommitPipeline, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.engine = engine
+        self.pipeline = pipeline
+        self._loop = loop
+        self._schedule_sweep()
+
+    def stop(self) -> None:
+        """Shutdown began: take no new commands, stop the sweep timer, answer
+        every parked reserve empty."""
+        self.stopping = True
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        for waiters in list(self._parked.values()):
+            for parked in list(waiters):
+                self._finish_parked(parked, ())
+        self._parked.clear()
+
+    # -- auth --------------------------------------------------------------------------------
+
+    @property
+    def auth_required(self) -> bool:
+        return self._api_keys is not None
+
+    def authenticate(self, api_key: str | None) -> str:
+        """One of the AUTH_* outcomes; the peer is let in iff it is in AUTH_LET_IN."""
+        keys = self._api_keys
+        if keys is None:
+            return AUTH_OPEN
+        if api_key is None:
+            return AUTH_MISSING_KEY
+        candidate = api_key.encode()
+        # Compare against every key in constant time, so timing tells nothing about
+        # which key (or how much of one) matched.
+        matched = False
+        for known in keys:
+            matched |= hmac.compare_digest(candidate, known)
+        return AUTH_ACCEPTED if matched else AUTH_UNKNOWN_KEY
+
+    def check_api_key(self, api_key: str | None) -> bool:
+        return self.authenticate(api_key) in AUTH_LET_IN
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return self.clock()
+
+    def run(self, command: Command) -> tuple[Decision | CommandError, int]:
+        """Execute a command on the loop thread; side effects (wakes, sweep timer,
+        snapshots) included. Returns the decision and the barrier its answer waits
+        for. Raises Overloaded / StorageFailed."""
+        pipeline = self.pipeline
+        assert pipeline is not None
+        decision, barrier = pipeline.execute(command)
+        if type(decision) is Decision and decision.events:
+            if decision.woken:
+                self._wake(decision.woken)
+            self._schedule_sweep()
+            engine = pipeline.engine
+            if engine.snapshot_due():
+                engine.start_snapshot()
+        return decision, barrier
+
+    def after_durable(self, barrier: int, callback: Callable[..., None], *args: Any) -> None:
+        """Call `callback(None, *args)` once `barrier` is durable (at once if it is),
+        or `callback(error, *args)` if storage fails first; in barrier order."""
+        pipeline = self.pipeline
+        assert pipeline is not None
+        pipeline.after_durable(barrier, callback, *args)
+
+    async def durable(self, barrier: int) -> None:
+        """Wait until `barrier` is durable (raises StorageFailed if it never is):
+        the async form of `after_durable`, for fronts that await."""
+        pipeline = self.pipeline
+        assert pipeline is not None
+        future = pipeline.durable(barrier)
+        if future is not None:
+            await future
+
+    def read_barrier(self) -> int:
+        """The barrier a read waits for: everything applied so far."""
+        engine = self.engine
+        assert engine is not None
+        return engine.appended_seq
+
+    def _command(self, command: Command) -> tuple[Decision | CommandError, int]:
+        if self.stopping:
+            raise ShuttingDown()
+        return self.run(command)
+
+    def enqueue(
+        self, jobs: tuple[NewJob, ...], atomic: bool
+    ) -> tuple[Decision | CommandError, int]:
+        """Job ids come from `new_job_id` / `new_job_ids`, which the front uses
+        while it decodes its jobs."""
+        if self.stopping:
+            raise ShuttingDown()
+        return self.run(_new_tuple(Enqueue, (jobs, atomic)))
+
+    def new_job_id(self) -> str:
+        return self.ids.next()
+
+    def new_job_ids(self, count: int) -> list[str]:
+        return self.ids.take(count)
+
+    def ack(
+        self, job_id: str, attempt: int, worker_id: str | None
+    ) -> tuple[Decision | CommandError, int]:
+        if self.stopping:
+            raise ShuttingDown()
+        return self.run(_new_tuple(Ack, (job_id, attempt, worker_id)))
+
+    def nack(self, command: Nack) -> tuple[Decision | CommandError, int]:
+        return self._command(command)
+
+    def extend(self, command: Extend) -> tuple[Decision | CommandError, int]:
+        return self._command(command)
+
+    def release(
+        self, job_id: str, attempt: int, worker_id: str | None
+    ) -> tuple[Decision | CommandError, int]:
+        if self.stopping:
+            raise ShuttingDown()
+        return self.run(_new_tuple(Release, (job_id, attempt, worker_id)))
+
+    def settle(
+        self, commands: Sequence[Ack | Nack | Extend | None]
+    ) -> tuple[list[Decision | CommandError | Overloaded | None], int]:
+        """Acks, nacks and extends run in order in this one loop turn (one group
+        commit). One outcome per command: its decision or refusal, the Overloaded
+        error of one the backlog refused (the ones before it stand), None where the
+        front had no command (a malformed item). The barrier is the last of them."""
+        if self.stopping:
+            raise ShuttingDown()
+        outcomes: list[Decision | CommandError | Overloaded | None] = []
+        last = 0
+        run = self.run
+        for command in commands:
+            if command is None:
+                outcomes.append(None)
+                continue
+            try:
+                decision, barrier = run(command)
+            except Overloaded as exc:
+                outcomes.append(exc)
+                continue
+            if barrier > last:
+                last = barrier
+            outcomes.append(decision)
+        return outcomes, last
+
+    def drain_dead_letters(
+        self, queue: str | None, max_records: int, actor: str
+    ) -> tuple[Decision | CommandError, int]:
+        """Delete and return dead letters. The answer must fit one frame (max_bytes),
+        for the records it carries are deleted by the same record."""
+        if self.stopping:
+            raise ShuttingDown()
+        decision, barrier = self.run(
+            DrainDeadLetters(
+                queue=queue, max_records=max_records, max_bytes=self.answer_items_bytes_max
+            )
+        )
+        if type(decision) is Decision and decision.events:
+            log.warning(
+                "drain_dead_letters by %s removed %d record(s)", actor, len(decision.events)
+            )
+        return decision, barrier
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def health(self) -> Health:
+        if self.storage_failure is not None:
+            return Health(False, NOT_SERVING_STORAGE_FAILED, self.damaged_history)
+        if self.stopping:
+            return Health(False, NOT_SERVING_SHUTTING_DOWN, self.damaged_history)
+        return Health(True, None, self.damaged_history)
+
+    def server_info(self) -> dict[str, object]:
+        """The server's version, limits and policies, by their documented names
+        (PROTOCOL.md server_info; the same names on every front)."""
+        engine = self.engine
+        assert engine is not None
+        config = self.core_config
+        policy = config.defaults
+        limits = config.limits
+        return {
+            "server_version": SEPP_VERSION,
+            "server_time_ms": self.now_ms(),
+            "restricts_encodings": policy.allowed_encodings is not None,
+            "allowed_encodings": list(policy.allowed_encodings or ()),
+            "max_payload_bytes": policy.max_payload_bytes,
+            "max_message_bytes": limits.max_message_bytes,
+            "max_custom_entries": policy.max_custom_entries,
+            "max_custom_total_bytes": policy.max_custom_total_bytes,
+            "max_custom_key_bytes": policy.max_custom_key_bytes,
+            "max_queue_name_bytes": limits.max_queue_name_bytes,
+            "max_job_type_bytes": limits.max_job_type_bytes,
+            "max_idempotency_key_bytes": limits.max_idempotency_key_bytes,
+            "max_trace_context_bytes": limits.max_trace_context_bytes,
+            "max_encoding_bytes": limits.max_encoding_bytes,
+            "max_worker_id_bytes": limits.max_worker_id_bytes,
+            "max_reason_bytes": limits.max_reason_bytes,
+            "max_stats_queues": limits.max_stats_queues,
+            "max_schedule_horizon_ms": policy.max_schedule_horizon_ms,
+            "max_enqueue_batch": limits.max_enqueue_batch,
+            "max_reserve_batch": limits.max_reserve_batch,
+            "max_reserve_queues": limits.max_reserve_queues,
+            "max_wait_timeout_ms": limits.max_wait_timeout_ms,
+            "max_lease_duration_ms": policy.max_lease_duration_ms,
+            "strict_queues": config.strict_queues,
+            "dead_letter_retention_enabled": config.dead_letter_retention_ms > 0,
+            "dead_letter_retention_ms": config.dead_letter_retention_ms,
+            "persist_mode": engine.options.persist_mode,
+        }
+
+    def queue_stats(self, queues: Sequence[str] | None) -> tuple[int, list[QueueStats]]:
+        """(now, the counts of `queues`, or of every queue when None). Repeats are
+        answered once; past max_stats_queues distinct names InvalidRequest (4
+        million repeated names once made a 278 MiB answer and a 7 s stall)."""
+        engine = self.engine
+        assert engine is not None
+        state = engine.state
+        now = self.now_ms()
+        if queues is None:
+            names = sorted(state.queues)
+        else:
+            names = list(dict.fromkeys(queues))
+            limit = self.core_config.limits.max_stats_queues
+            if len(names) > limit:
+                raise InvalidRequest(
+                    f"queue_stats lists at most {limit} distinct queues "
+                    f"(max_stats_queues), got {len(names)}"
+                )
+        stats = []
+        for name in names:
+            q = state.queues.get(name)
+            oldest = state.oldest_ready_enqueued_at(name)
+            stats.append(
+                QueueStats(
+                    name,
+                    q.ready_count if q else 0,
+                    q.scheduled_count if q else 0,
+                    q.in_flight_count if q else 0,
+                    len(q.dead) if q else 0,
+                    None if oldest is None else max(0, now - oldest),
+                )
+            )
+        return now, stats
+
+    # -- reserve and long polls ------------------------------------------------------------------
+
+    def reserve(
+        self,
+        queues: tuple[str, ...],
+        lease_ms: int,
+        max_jobs: int,
+        worker_id: str | None,
+        wait_ms: int,
+        sink: ReserveSink,
+    ) -> ParkedReserve | None:
+        """Lease up to `max_jobs` jobs; the answer goes to `sink` once durable. If
+        none is ready and `wait_ms` > 0 (capped at max_wait_timeout_ms) the reserve
+        is parked and its handle returned (for `withdraw` / `abandon`)."""
+        if self.stopping:
+            raise ShuttingDown()
+        if wait_ms < 0:
+            raise InvalidRequest("wait_ms must be >= 0")
+        # Positional, in Reserve's field order: a reserve per request is the
+        # worker's hot path. max_bytes keeps the answer within one frame of the
+        # client's (= our) limit, leaving room for the envelope.
+        command: Reserve = _new_tuple(
+            Reserve, (queues, lease_ms, max_jobs, worker_id, self.answer_items_bytes_max)
+        )
+        decision, barrier = self.run(command)
+        if type(decision) is not Decision:
+            assert isinstance(decision, CommandError)
+            self.after_durable(barrier, _refuse_after, sink, decision)
+            return None
+        reply = decision.reply
+        assert isinstance(reply, ReserveResult)
+        jobs = reply.jobs
+        if not jobs:
+            wait_ms = min(wait_ms, self.max_wait_ms)
+            if wait_ms > 0:
+                parked = ParkedReserve(sink, command)
+                self._park(parked, wait_ms)
+                return parked
+        self._answer(sink, jobs, barrier)
+        return None
+
+    async def reserve_wait(
+        self,
+        queues: tuple[str, ...],
+        lease_ms: int,
+        max_jobs: int,
+        worker_id: str | None,
+        wait_ms: int,
+        peer: str,
+    ) -> tuple[JobView, ...]:
+        """`reserve`, awaited: the jobs once durable (possibly none), or
+        CommandRefused / StorageFailed. Cancelled while parked, it leases nothing;
+        cancelled after jobs were leased, they are released."""
+        future: asyncio.Future[tuple[JobView, ...]] = asyncio.get_running_loop().create_future()
+        parked = self.reserve(
+            queues, lease_ms, max_jobs, worker_id, wait_ms, FutureSink(future, peer)
+        )
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if parked is not None:
+                self.abandon(parked)
+            raise
+
+    def withdraw(self, parked: ParkedReserve) -> bool:
+        """End a parked reserve early: answered empty now. False if it had already
+        been answered."""
+        if parked.done:
+            return False
+        self._finish_parked(parked, ())
+        return True
+
+    def abandon(self, parked: ParkedReserve) -> None:
+        """Forget a parked reserve without answering it (its front has nobody left
+        to answer). It leased nothing, so nothing is released."""
+        if not parked.done:
+            self._unpark(parked)
+
+    def _park(self, parked: ParkedReserve, wait_ms: int) -> None:
+        for queue in parked.queues:
+            waiters = self._parked.get(queue)
+            if waiters is None:
+                waiters = self._parked[queue] = WaitList()
+            waiters.append(parked)
+        assert self._loop is not None
+        parked.timer = self._loop.call_later(wait_ms / 1000, self._parked_timeout, parked)
+
+    def _parked_timeout(self, parked: ParkedReserve) -> None:
+        self._finish_parked(parked, ())
+
+    def _unpark(self, parked: ParkedReserve) -> None:
+        parked.done = True
+        if parked.timer is not None:
+            parked.timer.cancel()
+            parked.timer = None
+        for queue in parked.queues:
+            waiters = self._parked.get(queue)
+            if waiters is not None:
+                waiters.remove(parked)
+                if not waiters:
+                    del self._parked[queue]
+
+    def _finish_parked(
+        self, parked: ParkedReserve, jobs: tuple[JobView, ...], barrier: int = 0
+    ) -> None:
+        if parked.done:
+            return
+        self._unpark(parked)
+        self._answer(parked.sink, jobs, barrier)
+
+    def _answer(self, sink: ReserveSink, jobs: tuple[JobView, ...], barrier: int) -> None:
+        if jobs or barrier:
+            self.after_durable(barrier, self._deliver, sink, jobs)
+        else:
+            sink.finish(jobs)
+
+    def _deliver(
+        self, error: BaseException | None, sink: ReserveSink, jobs: tuple[JobView, ...]
+    ) -> None:
+        if error is not None:
+            sink.failed(error)
+            return
+        if not sink.finish(jobs) and jobs:
+            # Delivered to nobody: hand the jobs back rather than let their leases
+            # lapse (which would count an attempt nobody made).
+            self.release_undelivered(jobs, sink.peer)
+
+    def release_undelivered(
+        self, jobs: tuple[JobView, ...], peer: str, tries_left: int = RELEASE_TRIES_MAX
+    ) -> None:
+        """Hand back jobs leased by a reserve answer that could not be written:
+        Ready again at once, the attempt not counted. Fenced like any release: a
+        job whose lease has moved on since is left alone."""
+        left: list[JobView] = []
+        for job in jobs:
+            if self.stopping or self.storage_failure is not None:
+                left.append(job)
+                continue
+            try:
+                decision, _barrier = self.run(_new_tuple(Release, (job.job_id, job.attempt, None)))
+            except Overloaded:
+                left.append(job)
+                continue
+            except StorageFailed:
+                return
+            if type(decision) is Decision:
+                log.info(
+                    "released job %s attempt %d: its reserve answer to %s could not be written",
+                    job.job_id,
+                    job.attempt,
+                    peer,
+                )
+            else:
+                log.debug("job %s needs no release: %s", job.job_id, decision)
+        if not left:
+            return
+        if tries_left > 1 and not self.stopping and self._loop is not None:
+            # The commit backlog is full: try again shortly rather than let the
+            # leases lapse (which would count an attempt nobody made).
+            self._loop.call_later(
+                RELEASE_RETRY_S, self.release_undelivered, tuple(left), peer, tries_left - 1
+            )
+            return
+        log.warning(
+            "could not release %d job(s) whose reserve answer to %s was not written; "
+            "their leases will expire",
+            len(left),
+            peer,
+        )
+
+    def _wake(self, queues: frozenset[str]) -> None:
+        parked = self._parked
+        if not parked:
+            return
+        for queue in queues:
+            if queue in parked:
+                self._wake_queued.add(queue)
+        if self._wake_queued and not self._wake_scheduled:
+            self._wake_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._wake_pass)
+
+    def _wake_pass(self) -> None:
+        """Serve parked reserves of the woken queues, oldest first, while their
+        queue yields jobs: one reserve per waiter, stop at the first empty one."""
+        self._wake_scheduled = False
+        queues, self._wake_queued = self._wake_queued, set()
+        for queue in queues:
+            while not self.stopping:
+                waiters = self._parked.get(queue)
+                if not waiters:
+                    break
+                parked = waiters.first()
+                if not parked.sink.alive():
+                    # Never lease jobs to a reserve whose answer cannot be
+                    # delivered or is no longer awaited: answer it empty.
+                    self._finish_parked(parked, ())
+                    continue
+                try:
+                    decision, barrier = self.run(parked.command)
+                except (Overloaded, StorageFailed):
+                    break  # try again at the next wake; the deadline still holds
+                if type(decision) is not Decision:
+                    self._finish_parked(parked, ())
+                    continue
+                reply = decision.reply
+                assert isinstance(reply, ReserveResult)
+                if not reply.jobs:
+                    break
+                self._finish_parked(parked, reply.jobs, barrier)
+
+    # -- the sweep -------------------------------------------------------------------------------
+
+    def _schedule_sweep(self) -> None:
+        if self.stopping or self.engine is None or self._loop is None:
+            return
+        deadline = self.engine.state.next_deadline()
+        current = self._sweep_target
+        if current is not None and (deadline is None or deadline >= current):
+            return  # the timer already fires early enough (the usual case)
+        now = self.now_ms()
+        target = now + self.sweep_interval_ms
+        if deadline is not None and deadline < target:
+            target = deadline
+        if self._sweep_timer is not None and self._sweep_target is not None:
+            if self._sweep_target <= target:
+                return
+            self._sweep_timer.cancel()
+        self._sweep_target = target
+        self._sweep_timer = self._loop.call_later(max(0, target - now) / 1000, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweep_timer = None
+        self._sweep_target = None
+        if self.stopping:
+            return
+        try:
+            decision, _barrier = self.run(Sweep())
+            if type(decision) is Decision and decision.events:
+                log.debug("sweep: %s", decision.reply)
+        except Overloaded:
+            pass  # the backlog will drain; retry on the next timer
+        except StorageFailed:
+            return
+        self._schedule_sweep()
+
+
+def _refuse_after(error: BaseException | None, sink: ReserveSink, refusal: CommandError) -> None:
+    if error is not None:
+        sink.failed(error)
+    else:
+        sink.refused(refusal)
