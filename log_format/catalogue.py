@@ -261,7 +261,8 @@ CATALOGUE: tuple[EventSpec, ...] = (
                 "action",
                 "str",
                 "What was done: jobs.dead_letter, jobs.cancel, dead_letters.requeue, "
-                "dead_letters.delete, queue.pause, queue.resume, queue.purge.",
+                "dead_letters.delete, queue.pause, queue.resume, queue.purge, queue.put, "
+                "queue.delete.",
             ),
             _f("actor", "str", "Who did it (an admin key's name, `local`, ...)."),
             _f("role", "str", "The actor's role: viewer, operator or admin."),
@@ -300,6 +301,34 @@ CATALOGUE: tuple[EventSpec, ...] = (
         version=1,
         meaning="A paused queue delivers again.",
         fields=(_f("queue", "str", "The queue resumed."),),
+    ),
+    EventSpec(
+        type_id=19,
+        name="QueueDefined",
+        version=1,
+        meaning=(
+            "An operator created or updated a queue at runtime: `overrides` replace its "
+            "previous runtime overrides and win over the configuration file for this queue."
+        ),
+        fields=(
+            _f("queue", "str", "The queue defined."),
+            _f(
+                "overrides",
+                "map?",
+                "Setting name -> value (scalar per-queue settings, dedup_window_ms "
+                "excepted); nil or empty: the file's settings.",
+            ),
+        ),
+    ),
+    EventSpec(
+        type_id=20,
+        name="QueueDeleted",
+        version=1,
+        meaning=(
+            "An operator deleted a runtime-defined queue: its runtime overrides are gone "
+            "(an undeclared queue is forgotten once it holds nothing)."
+        ),
+        fields=(_f("queue", "str", "The queue deleted."),),
     ),
 )
 

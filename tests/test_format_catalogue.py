@@ -53,6 +53,9 @@ SAMPLES: list[Any] = [
     core.DeadLetterDeleted(job_id=JOB),
     core.QueuePaused(queue="emails"),
     core.QueueResumed(queue="emails"),
+    core.QueueDefined(queue="emails", overrides={"default_priority": 4, "retry_backoff": "exponential"}),
+    core.QueueDefined(queue="emails", overrides=None),
+    core.QueueDeleted(queue="emails"),
 ]  # fmt: skip
 
 

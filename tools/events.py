@@ -55,8 +55,12 @@ _CANCELLED = 15
 _DEAD_LETTER_DELETED = 16
 _QUEUE_PAUSED = 17
 _QUEUE_RESUMED = 18
+_QUEUE_DEFINED = 19
+_QUEUE_DELETED = 20
+# Events about a queue (their first field is its name), not one job.
+_QUEUE_EVENTS = (_DEDUP_EXPIRED, _QUEUE_PAUSED, _QUEUE_RESUMED, _QUEUE_DEFINED, _QUEUE_DELETED)
 # Events whose first field is not a job id.
-_NOT_ABOUT_ONE_JOB = frozenset((_DEDUP_EXPIRED, _ADMIN_ACTION, _QUEUE_PAUSED, _QUEUE_RESUMED))
+_NOT_ABOUT_ONE_JOB = frozenset((*_QUEUE_EVENTS, _ADMIN_ACTION))
 
 
 def _spec_fits(event: list[Any]) -> bool:
@@ -173,7 +177,7 @@ class JobQueues:
         """The queue an event concerns, as it was before the event."""
         if event[0] == _ENQUEUED and _spec_fits(event):
             return str(event[3])
-        if event[0] in (_DEDUP_EXPIRED, _QUEUE_PAUSED, _QUEUE_RESUMED) and _spec_fits(event):
+        if event[0] in _QUEUE_EVENTS and _spec_fits(event):
             return str(event[2])
         if event[0] == _ADMIN_ACTION and _spec_fits(event):
             return None if event[6] is None else str(event[6])

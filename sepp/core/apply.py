@@ -37,6 +37,8 @@ from sepp.core.events import (
     JobPromoted,
     JobReleased,
     JobReserved,
+    QueueDefined,
+    QueueDeleted,
     QueuePaused,
     QueueResumed,
 )
@@ -397,7 +399,21 @@ def _apply_queue_resumed(state: State, ev: QueueResumed) -> None:
     state.forget_if_empty(q)
 
 
-_APPLY: list[Callable[[State, Any], None] | None] = [None] * 19
+def _apply_queue_defined(state: State, ev: QueueDefined) -> None:
+    state.set_queue_overrides(ev.queue, ev.overrides or {})
+    state.queue(ev.queue)
+
+
+def _apply_queue_deleted(state: State, ev: QueueDeleted) -> None:
+    if ev.queue not in state.queue_overrides:
+        raise ApplyError(f"QueueDeleted for {ev.queue}: not defined at runtime")
+    state.set_queue_overrides(ev.queue, None)
+    q = state.queues.get(ev.queue)
+    if q is not None:
+        state.forget_if_empty(q)
+
+
+_APPLY: list[Callable[[State, Any], None] | None] = [None] * 21
 _APPLY[JobEnqueued.TYPE] = _apply_enqueued
 _APPLY[JobReserved.TYPE] = _apply_reserved
 _APPLY[JobAcked.TYPE] = _apply_acked
@@ -416,6 +432,8 @@ _APPLY[JobCancelled.TYPE] = _apply_job_cancelled
 _APPLY[DeadLetterDeleted.TYPE] = _apply_dead_letter_deleted
 _APPLY[QueuePaused.TYPE] = _apply_queue_paused
 _APPLY[QueueResumed.TYPE] = _apply_queue_resumed
+_APPLY[QueueDefined.TYPE] = _apply_queue_defined
+_APPLY[QueueDeleted.TYPE] = _apply_queue_deleted
 APPLY_TABLE: tuple[Callable[[State, Any], None] | None, ...] = tuple(_APPLY)
 
 

@@ -13,7 +13,7 @@ Must not import: anything outside the standard library and `sepp.core`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
 # Custom-map values: the reference's primitives (string, double, 64-bit int, bool).
@@ -314,6 +314,28 @@ class PurgeQueue(AdminCommand):
     max_jobs: int = ADMIN_JOBS_PER_CHUNK_MAX
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PutQueue(AdminCommand):
+    """Create `queue` at runtime, or update it: `overrides` (setting -> value, keys
+    of sepp.core.state.QUEUE_OVERRIDE_KEYS) replace its runtime overrides and win
+    over the configuration file for this queue, key by key. Durable (logged,
+    in snapshots)."""
+
+    queue: str
+    overrides: Mapping[str, int | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteQueue(AdminCommand):
+    """Remove a runtime queue definition. Refused while the queue has in-flight
+    jobs, and for a queue only the configuration file defines. A queue the file
+    does not declare loses its Ready and Scheduled jobs too (at most
+    ADMIN_JOBS_PER_CHUNK_MAX: purge a bigger one first); dead letters stay until
+    drained, deleted or expired."""
+
+    queue: str
+
+
 Command = (
     Enqueue
     | Reserve
@@ -332,6 +354,8 @@ Command = (
     | PauseQueue
     | ResumeQueue
     | PurgeQueue
+    | PutQueue
+    | DeleteQueue
 )
 
 COMMAND_KIND_NAMES = {

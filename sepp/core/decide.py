@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterator, Mapping
+from dataclasses import replace as dataclasses_replace
 from heapq import heappop, heappush, merge, nsmallest
 from typing import Any, NamedTuple, TypeGuard, cast
 
@@ -38,6 +39,7 @@ from sepp.core.commands import (
     Command,
     DeadLetterJobs,
     DeleteDeadLetters,
+    DeleteQueue,
     DrainDeadLetters,
     Enqueue,
     Extend,
@@ -45,6 +47,7 @@ from sepp.core.commands import (
     NewJob,
     PauseQueue,
     PurgeQueue,
+    PutQueue,
     Release,
     RequeueDeadLetters,
     Reserve,
@@ -59,13 +62,17 @@ from sepp.core.config import (
     RETRY_BACKOFF_EXPONENTIAL,
     Limits,
     QueuePolicy,
+    validate_config,
 )
+from sepp.core.errors import ConfigError
 from sepp.core.events import (
     ADMIN_CANCEL_JOBS,
     ADMIN_DEAD_LETTER_JOBS,
     ADMIN_DELETE_DEAD_LETTERS,
+    ADMIN_DELETE_QUEUE,
     ADMIN_PAUSE_QUEUE,
     ADMIN_PURGE_QUEUE,
+    ADMIN_PUT_QUEUE,
     ADMIN_REQUEUE_DEAD_LETTERS,
     ADMIN_RESUME_QUEUE,
     CAUSE_ADMIN,
@@ -90,6 +97,8 @@ from sepp.core.events import (
     JobPromoted,
     JobReleased,
     JobReserved,
+    QueueDefined,
+    QueueDeleted,
     QueuePaused,
     QueueResumed,
 )
@@ -107,6 +116,7 @@ from sepp.core.results import (
     CustomEntriesTooMany,
     CustomKeyTooLong,
     CustomMapTooLarge,
+    DeleteQueueResult,
     DrainResult,
     EncodingNotAllowed,
     EnqueueResult,
@@ -123,8 +133,10 @@ from sepp.core.results import (
     PayloadTooLarge,
     PermissionDenied,
     PurgeResult,
+    PutQueueResult,
     QueueAdminResult,
     QueueFull,
+    QueueInUse,
     QueueNameTooLong,
     QueueNotFound,
     Rejection,
@@ -138,11 +150,13 @@ from sepp.core.results import (
 )
 from sepp.core.state import (
     IN_FLIGHT,
+    QUEUE_OVERRIDE_KEYS,
     READY,
     SCHEDULED,
     TIME_MS_MAX,
     DeadLetter,
     Job,
+    QueueState,
     State,
 )
 
@@ -1138,6 +1152,11 @@ def _decide_sweep(state: State, cmd: Sweep, now: int) -> Decision | CommandError
 #   per id: not a job / not a dead letter               -> outcome not_found
 #   per id: a job in another state (in flight, dead)    -> outcome wrong_state
 #   pause a paused queue / resume a running one         -> changed=False, no events
+#   put: an unknown setting, a value of the wrong type   -> InvalidArgument
+#   put: settings that break the config rules            -> InvalidArgument (names the key)
+#   put: the same overrides again                        -> changed=False, no events
+#   delete: a queue not defined at runtime               -> QueueNotFound
+#   delete: in-flight jobs, or > 1000 ready + scheduled  -> QueueInUse
 
 
 def _admin_error(state: State, cmd: AdminCommand) -> CommandError | None:
@@ -1348,8 +1367,113 @@ def _decide_pause_resume(
     return Decision(events, now, QueueAdminResult(name, pause, True), woken)
 
 
+def _override_error(key: object, value: object) -> str | None:
+    if key not in QUEUE_OVERRIDE_KEYS:
+        return f"{key!r} is not a per-queue setting an operator may override"
+    if key == "retry_backoff":
+        return None if isinstance(value, str) else "retry_backoff must be a string"
+    if not _is_int(value):
+        return f"{key} must be an integer"
+    return None
+
+
+def _decide_put_queue(state: State, cmd: PutQueue, now: int) -> Decision | CommandError:
+    error = _admin_error(state, cmd)
+    if error is not None:
+        return error
+    queue = _field(cmd, "queue")
+    error = _admin_queue_error(state, queue)
+    if error is not None:
+        return error
+    name = cast(str, queue)
+    raw = _field(cmd, "overrides")
+    if not isinstance(raw, Mapping):
+        return InvalidArgument("overrides must be a map of setting -> value")
+    overrides: dict[str, Any] = {}
+    for key, value in raw.items():
+        problem = _override_error(key, value)
+        if problem is not None:
+            return InvalidArgument(problem)
+        overrides[key] = value
+    base = state.base_config
+    policy = dataclasses_replace(base.queues.get(name, base.defaults), **overrides)
+    queues = dict(state.config.queues)
+    queues[name] = policy
+    try:
+        validate_config(dataclasses_replace(state.config, queues=queues))
+    except ConfigError as exc:
+        return InvalidArgument(f"{exc.key}: {exc.problem}")
+    previous = state.queue_overrides.get(name)
+    created = previous is None
+    if previous == overrides:
+        reply = PutQueueResult(name, False, False, policy)
+        return Decision((), now, reply, NOTHING_WOKEN)
+    events: tuple[Event, ...] = (
+        _header(cmd, ADMIN_PUT_QUEUE, name, []),
+        QueueDefined(queue=name, overrides=dict(sorted(overrides.items()))),
+    )
+    return Decision(events, now, PutQueueResult(name, created, True, policy), NOTHING_WOKEN)
+
+
+def _decide_delete_queue(state: State, cmd: DeleteQueue, now: int) -> Decision | CommandError:
+    error = _admin_error(state, cmd)
+    if error is not None:
+        return error
+    queue = _field(cmd, "queue")
+    error = _admin_queue_error(state, queue)
+    if error is not None:
+        return error
+    name = cast(str, queue)
+    if name not in state.queue_overrides:
+        why = "is declared in the configuration file" if name in state.base_config.queues else ""
+        return QueueNotFound(
+            f"queue {name!r} is not defined at runtime" + (f" (it {why})" if why else ""), name
+        )
+    q = state.queues.get(name)
+    by_file = name in state.base_config.queues
+    doomed: list[Job] = []
+    if q is not None:
+        if q.in_flight_count:
+            return QueueInUse(f"queue {name!r} has {q.in_flight_count} jobs in flight", name)
+        live = q.ready_count + q.scheduled_count
+        if not by_file and live > ADMIN_JOBS_PER_CHUNK_MAX:
+            return QueueInUse(
+                f"queue {name!r} holds {live} jobs: purge it first "
+                f"(a delete removes at most {ADMIN_JOBS_PER_CHUNK_MAX})",
+                name,
+            )
+        if not by_file and live:
+            doomed = _purge_order(state, q, live)
+    changes: list[Event] = [JobCancelled(job_id=j.job_id, attempt=j.attempt) for j in doomed]
+    events: tuple[Event, ...] = (
+        _header(cmd, ADMIN_DELETE_QUEUE, name, [j.job_id for j in doomed]),
+        *changes,
+        QueueDeleted(queue=name),
+    )
+    return Decision(events, now, DeleteQueueResult(name, len(doomed), by_file), NOTHING_WOKEN)
+
+
 def _due_key(job: Job) -> tuple[int, str]:
     return (job.due_ms, job.job_id)
+
+
+def _purge_order(state: State, q: QueueState, max_jobs: int) -> list[Job]:
+    """Up to `max_jobs` Ready jobs of `q` in delivery order, then Scheduled ones
+    by due time."""
+    picked: list[Job] = []
+    for level in reversed(q.ready):
+        if len(picked) == max_jobs:
+            break
+        for entry in merge(iter(level.fifo), _ordered(level.heap)):
+            if entry[2].entry is entry:
+                picked.append(entry[2])
+                if len(picked) == max_jobs:
+                    break
+    if len(picked) < max_jobs and q.scheduled_count and q.index is not None:
+        ix = q.index[SCHEDULED]
+        due = [ix.jobs[i] for i in range(ix.head, len(ix.jobs)) if ix.valid(i)]
+        picked.extend(nsmallest(max_jobs - len(picked), due, key=_due_key))
+    return picked
 
 
 def _decide_purge(state: State, cmd: PurgeQueue, now: int) -> Decision | CommandError:
@@ -1370,19 +1494,7 @@ def _decide_purge(state: State, cmd: PurgeQueue, now: int) -> Decision | Command
     # Ready jobs in delivery order, then Scheduled ones by due time: an order the
     # state itself defines (the status indexes' order is rebuilt differently by a
     # snapshot load), so a purge decides the same after a restart.
-    picked: list[Job] = []
-    for level in reversed(q.ready):
-        if len(picked) == max_jobs:
-            break
-        for entry in merge(iter(level.fifo), _ordered(level.heap)):
-            if entry[2].entry is entry:
-                picked.append(entry[2])
-                if len(picked) == max_jobs:
-                    break
-    if len(picked) < max_jobs and q.scheduled_count and q.index is not None:
-        ix = q.index[SCHEDULED]
-        due = [ix.jobs[i] for i in range(ix.head, len(ix.jobs)) if ix.valid(i)]
-        picked.extend(nsmallest(max_jobs - len(picked), due, key=_due_key))
+    picked = _purge_order(state, q, max_jobs)
     remaining = q.ready_count + q.scheduled_count - len(picked)
     if not picked:
         return Decision((), now, PurgeResult(name, 0, remaining), NOTHING_WOKEN)
@@ -1410,4 +1522,6 @@ _HANDLERS: dict[type[Any], Any] = {
     PauseQueue: _decide_pause_resume,
     ResumeQueue: _decide_pause_resume,
     PurgeQueue: _decide_purge,
+    PutQueue: _decide_put_queue,
+    DeleteQueue: _decide_delete_queue,
 }

@@ -311,6 +311,35 @@ class QueueResumed(_QueueResumed):
     VERSION: ClassVar[int] = 1
 
 
+class _QueueDefined(NamedTuple):
+    queue: str
+    overrides: dict[str, Any] | None
+
+
+class QueueDefined(_QueueDefined):
+    """An operator created or updated a queue at runtime: `overrides` (setting ->
+    value, keys of sepp.core.state.QUEUE_OVERRIDE_KEYS) replace its previous
+    runtime overrides; they win over the configuration file for this queue."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 19
+    VERSION: ClassVar[int] = 1
+
+
+class _QueueDeleted(NamedTuple):
+    queue: str
+
+
+class QueueDeleted(_QueueDeleted):
+    """An operator deleted a runtime-defined queue: its runtime overrides are gone
+    (the file's settings apply again; an undeclared queue is forgotten once it
+    holds nothing)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 20
+    VERSION: ClassVar[int] = 1
+
+
 # AdminAction.action values (stable: the log stores them).
 ADMIN_DEAD_LETTER_JOBS = "jobs.dead_letter"
 ADMIN_CANCEL_JOBS = "jobs.cancel"
@@ -319,6 +348,8 @@ ADMIN_DELETE_DEAD_LETTERS = "dead_letters.delete"
 ADMIN_PAUSE_QUEUE = "queue.pause"
 ADMIN_RESUME_QUEUE = "queue.resume"
 ADMIN_PURGE_QUEUE = "queue.purge"
+ADMIN_PUT_QUEUE = "queue.put"
+ADMIN_DELETE_QUEUE = "queue.delete"
 ADMIN_ACTIONS = (
     ADMIN_DEAD_LETTER_JOBS,
     ADMIN_CANCEL_JOBS,
@@ -327,6 +358,8 @@ ADMIN_ACTIONS = (
     ADMIN_PAUSE_QUEUE,
     ADMIN_RESUME_QUEUE,
     ADMIN_PURGE_QUEUE,
+    ADMIN_PUT_QUEUE,
+    ADMIN_DELETE_QUEUE,
 )
 
 
@@ -349,6 +382,8 @@ Event = (
     | DeadLetterDeleted
     | QueuePaused
     | QueueResumed
+    | QueueDefined
+    | QueueDeleted
 )
 
 EVENT_CLASSES: tuple[type[Any], ...] = (
@@ -370,6 +405,8 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
     DeadLetterDeleted,
     QueuePaused,
     QueueResumed,
+    QueueDefined,
+    QueueDeleted,
 )
 
 # type id -> class; a list indexed by type id is the fastest dispatch in CPython.

@@ -98,15 +98,18 @@ class JobPage(NamedTuple):
 
 class QueueInfo(NamedTuple):
     name: str
-    # Declared in the configuration ([[queues]]) or only in use.
+    # Declared (in the configuration file's [[queues]] or at runtime by PutQueue),
+    # or only in use.
     declared: bool
     paused: bool
     ready: int
     scheduled: int
     inflight: int
     dead_letter: int
-    # The settings in force for the queue.
+    # The settings in force for the queue (file, then runtime overrides on top).
     policy: QueuePolicy
+    # Its runtime overrides (PutQueue), or None: not defined at runtime.
+    overrides: Mapping[str, Any] | None
 
 
 def _info(job: Job, state_name: str) -> JobInfo:
@@ -253,6 +256,7 @@ def queue_info(state: State, name: str) -> QueueInfo | None:
         q.in_flight_count,
         len(q.dead),
         state.config.policy(name),
+        dict(state.queue_overrides[name]) if name in state.queue_overrides else None,
     )
 
 

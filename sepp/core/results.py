@@ -274,6 +274,15 @@ class QueueNotFound(CommandError):
 
 
 @dataclass(frozen=True, slots=True)
+class QueueInUse(CommandError):
+    """A queue cannot be deleted now: it has in-flight jobs (or more Ready and
+    Scheduled ones than one command deletes: purge it first)."""
+
+    queue: str = ""
+    code: ClassVar[str] = "failed_precondition"
+
+
+@dataclass(frozen=True, slots=True)
 class InvalidCursor(InvalidArgument):
     """A listing cursor that this server did not hand out, or one from before
     a restart (the status indexes are rebuilt at start-up): start over."""
@@ -405,6 +414,24 @@ class QueueAdminResult(NamedTuple):
     changed: bool
 
 
+class PutQueueResult(NamedTuple):
+    queue: str
+    # The queue was not defined at runtime before (it may be declared in the file).
+    created: bool
+    # False: the same overrides were already in force (nothing was logged).
+    changed: bool
+    # The queue's effective settings now.
+    policy: Any
+
+
+class DeleteQueueResult(NamedTuple):
+    queue: str
+    # Ready and Scheduled jobs deleted with it.
+    cancelled: int
+    # The configuration file declares it: only its runtime overrides were removed.
+    declared_by_file: bool
+
+
 class PurgeResult(NamedTuple):
     queue: str
     purged: int
@@ -426,4 +453,6 @@ Reply = (
     | AdminOutcomes
     | QueueAdminResult
     | PurgeResult
+    | PutQueueResult
+    | DeleteQueueResult
 )

@@ -53,6 +53,8 @@ def export_meta(state: State) -> dict[str, Any]:
         "dead": len(state.dead),
         # Paused queues (issue 15). Absent in older snapshots: none paused.
         "paused": [name for name, q in state.queues.items() if q.paused],
+        # Runtime queue definitions (issue 15): name -> overrides. Absent: none.
+        "queue_overrides": {name: dict(o) for name, o in state.queue_overrides.items()},
     }
 
 
@@ -95,6 +97,14 @@ class StateBuilder:
         paused = meta.get("paused", [])
         if not isinstance(paused, list) or not all(isinstance(n, str) for n in paused):
             raise SnapshotContentError("snapshot meta paused must be a list of queue names")
+        overrides = meta.get("queue_overrides", {})
+        if not isinstance(overrides, dict) or not all(
+            isinstance(n, str) and isinstance(o, dict) for n, o in overrides.items()
+        ):
+            raise SnapshotContentError("snapshot meta queue_overrides must map names to maps")
+        for name, queue_overrides in overrides.items():
+            self.state.set_queue_overrides(name, queue_overrides)
+            self.state.queue(name)
         for name in paused:
             self.state.queue(name).paused = True
         # meta["queues"] is not read: the state's queues are the declared ones (from

@@ -29,6 +29,7 @@ Must not import: anything outside the standard library and `sepp.core`.
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from collections import deque
 from collections.abc import Iterator
@@ -87,6 +88,30 @@ def echoed_scheduled_at(scheduled_at: int | None, enqueued_at: int) -> int | Non
     if scheduled_at is None or scheduled_at <= enqueued_at:
         return None
     return scheduled_at if scheduled_at <= TIME_MS_MAX else TIME_MS_MAX
+
+
+# The per-queue settings an operator may override at runtime (PutQueue, issue
+# 15): the scalar ones. dedup_window_ms is restart-only (sepp-semantics.md) and
+# the lists (allowed_encodings, allowed_job_types) are set in the file only.
+#
+# Precedence: a queue's runtime overrides win over the configuration file key by
+# key (its [[queues]] entry, then the global [limits]); keys not overridden follow
+# the file. DeleteQueue removes the runtime overrides: the file rules again.
+QUEUE_OVERRIDE_KEYS = (
+    "max_lease_duration_ms",
+    "default_max_attempts",
+    "max_attempts_ceiling",
+    "default_priority",
+    "retry_delay_ms",
+    "retry_backoff",
+    "retry_delay_max_ms",
+    "max_payload_bytes",
+    "max_schedule_horizon_ms",
+    "max_custom_entries",
+    "max_custom_total_bytes",
+    "max_custom_key_bytes",
+    "max_queue_depth",
+)
 
 
 # A job's stored fields, in `Job.__init__` order: the layout of a snapshot's job
@@ -382,6 +407,12 @@ class State:
 
     def __init__(self, config: CoreConfig | None = None) -> None:
         self.config = config if config is not None else CoreConfig()
+        # The configuration file's settings; `config` is them merged with the
+        # runtime queue definitions (`queue_overrides`, QueueDefined events), so
+        # decide sees a runtime-created queue as declared, with its settings.
+        self.base_config = self.config
+        # Queue name -> its runtime overrides (keys of QUEUE_OVERRIDE_KEYS).
+        self.queue_overrides: dict[str, dict[str, Any]] = {}
         # The high-water mark of command times: decide never stamps an earlier one.
         self.clock_ms = 0
         # The next status-index sequence number (`index_add`). Not durable: a
@@ -415,6 +446,29 @@ class State:
         self.declared: frozenset[str] = frozenset(self.config.queues)
         for name in self.config.queues:
             self.queue(name)
+
+    def set_queue_overrides(self, name: str, overrides: dict[str, Any] | None) -> None:
+        """Define `name` at runtime with `overrides` (None: remove the runtime
+        definition), and merge the configuration again."""
+        if overrides is None:
+            self.queue_overrides.pop(name, None)
+        else:
+            self.queue_overrides[name] = dict(overrides)
+        self.set_base_config(self.base_config)
+
+    def set_base_config(self, config: CoreConfig) -> None:
+        """Use `config` (a reloaded file) under the runtime queue definitions."""
+        self.base_config = config
+        if not self.queue_overrides:
+            self.config = config
+        else:
+            queues = dict(config.queues)
+            for name, overrides in self.queue_overrides.items():
+                start = config.queues.get(name, config.defaults)
+                known = {k: v for k, v in overrides.items() if k in QUEUE_OVERRIDE_KEYS}
+                queues[name] = dataclasses.replace(start, **known)
+            self.config = dataclasses.replace(config, queues=queues)
+        self.declared = frozenset(self.config.queues)
 
     def intern(self, value: str) -> str:
         strings = self._strings
@@ -546,6 +600,9 @@ class State:
                 for jid, d in self.dead.items()
             ],
             "paused": sorted(name for name, q in self.queues.items() if q.paused),
+            "queue_overrides": {
+                n: dict(sorted(o.items())) for n, o in sorted(self.queue_overrides.items())
+            },
             "queue_dead_order": {
                 name: list(q.dead) for name, q in sorted(self.queues.items()) if q.dead
             },

@@ -10,15 +10,17 @@ from typing import Any
 import msgpack
 import pytest
 
-from sepp.core import CoreConfig, State, apply_record, check_invariants
+from sepp.core import CoreConfig, QueuePolicy, State, apply_record, check_invariants
 from sepp.core.commands import (
     ADMIN_IDS_PER_CALL_MAX,
     AdminDeadLetterJobs,
     AdminRequeueDeadLetters,
     CancelJobs,
     DeleteDeadLetters,
+    DeleteQueue,
     PauseQueue,
     PurgeQueue,
+    PutQueue,
     ResumeQueue,
 )
 from sepp.core.events import (
@@ -29,17 +31,22 @@ from sepp.core.events import (
     DeadLetterRequeued,
     JobCancelled,
     JobDeadLettered,
+    QueueDefined,
+    QueueDeleted,
     QueuePaused,
     QueueResumed,
 )
 from sepp.core.reads import JobPage, get_job, list_jobs, list_queues, queue_info
 from sepp.core.results import (
     AdminOutcomes,
+    DeleteQueueResult,
     InvalidArgument,
     InvalidCursor,
     PermissionDenied,
     PurgeResult,
+    PutQueueResult,
     QueueAdminResult,
+    QueueInUse,
     QueueNotFound,
     TooManyIds,
 )
@@ -519,3 +526,113 @@ def test_a_snapshot_without_a_paused_key_loads_with_no_queue_paused() -> None:
     builder.add_jobs(list(export_jobs(h.state)))
     state = builder.finish()
     assert not any(q.paused for q in state.queues.values())
+
+
+# ---------------------------------------------------------------------------
+# Queue create / update / delete at runtime
+
+
+def test_put_creates_a_queue_whose_overrides_win_over_the_file_key_by_key() -> None:
+    h = Harness(
+        CoreConfig(defaults=QueuePolicy(default_max_attempts=5)).with_queue("q", default_priority=2)
+    )
+    reply = h.accept(PutQueue(queue="q", overrides={"default_max_attempts": 2}, **WHO), NOW)
+    assert isinstance(reply, PutQueueResult) and reply.created and reply.changed
+    assert h.records[-1][1][1] == QueueDefined(queue="q", overrides={"default_max_attempts": 2})
+    [jid] = h.enqueue(make_job(), now=NOW)
+    # The runtime key wins; the file's queue entry still rules the others.
+    assert (h.job(jid).max_attempts, h.job(jid).priority) == (2, 2)
+    info = queue_info(h.state, "q")
+    assert info is not None and info.overrides == {"default_max_attempts": 2}
+
+
+def test_a_queue_created_at_runtime_is_declared_kept_while_empty_and_allowed_under_strict() -> None:
+    h = Harness(CoreConfig(strict_queues=True).with_queue("q"))
+    h.accept(PutQueue(queue="new", overrides={"default_priority": 9}, **WHO), NOW)
+    assert "new" in h.state.queues and "new" in h.state.config.queues
+    [jid] = h.enqueue(make_job(queue="new"), now=NOW)
+    assert h.job(jid).priority == 9
+    assert [v.job_id for v in h.reserve("new", now=NOW)] == [jid]
+
+
+def test_putting_the_same_overrides_again_changes_nothing() -> None:
+    h = harness()
+    h.accept(PutQueue(queue="x", overrides={"default_priority": 1}, **WHO), NOW)
+    again = h.run(PutQueue(queue="x", overrides={"default_priority": 1}, **WHO), NOW)
+    assert again.events == ()  # type: ignore[union-attr]
+    assert again.reply.changed is False  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"dedup_window_ms": 5}, id="a restart-only setting"),
+        pytest.param({"nope": 1}, id="an unknown setting"),
+        pytest.param({"default_priority": "high"}, id="a value of the wrong type"),
+        pytest.param({"default_priority": True}, id="a bool for an integer"),
+        pytest.param({"default_priority": 12}, id="a value the config rules refuse"),
+        pytest.param({"default_max_attempts": 50, "max_attempts_ceiling": 10}, id="two that contradict"),
+    ],
+)  # fmt: skip
+def test_put_refuses_bad_overrides(overrides: dict[str, Any]) -> None:
+    h = harness()
+    assert isinstance(
+        h.refuse(PutQueue(queue="x", overrides=overrides, **WHO), NOW), InvalidArgument
+    )
+
+
+def test_delete_removes_the_runtime_definition_and_the_file_rules_again() -> None:
+    h = Harness(CoreConfig().with_queue("q", default_priority=3))
+    h.accept(PutQueue(queue="q", overrides={"default_priority": 8}, **WHO), NOW)
+    [kept] = h.enqueue(make_job(), now=NOW)
+    reply = h.accept(DeleteQueue(queue="q", **WHO), NOW)
+    assert reply == DeleteQueueResult("q", 0, True)
+    assert h.status(kept) == "ready"  # a queue the file declares keeps its jobs
+    [later] = h.enqueue(make_job(), now=NOW)
+    assert (h.job(kept).priority, h.job(later).priority) == (8, 3)
+
+
+def test_deleting_a_runtime_only_queue_cancels_its_jobs_and_forgets_it() -> None:
+    h = harness()
+    h.accept(PutQueue(queue="tmp", **WHO), NOW)
+    ids = h.enqueue(make_job(queue="tmp"), make_job(queue="tmp", scheduled_at=NOW + 9_000), now=NOW)
+    reply = h.accept(DeleteQueue(queue="tmp", reason="done", **WHO), NOW)
+    assert reply == DeleteQueueResult("tmp", 2, False)
+    header = h.records[-1][1][0]
+    assert header.action == "queue.delete" and sorted(header.job_ids) == sorted(ids)
+    assert h.records[-1][1][-1] == QueueDeleted(queue="tmp")
+    assert "tmp" not in h.state.queues
+
+
+def test_delete_is_refused_while_jobs_are_in_flight() -> None:
+    h = harness()
+    h.accept(PutQueue(queue="tmp", **WHO), NOW)
+    h.enqueue(make_job(queue="tmp"), now=NOW)
+    h.reserve("tmp", now=NOW)
+    refused = h.refuse(DeleteQueue(queue="tmp", **WHO), NOW)
+    assert isinstance(refused, QueueInUse) and refused.queue == "tmp"
+
+
+def test_delete_of_a_queue_too_big_for_one_command_asks_for_a_purge_first() -> None:
+    h = harness()
+    h.accept(PutQueue(queue="tmp", **WHO), NOW)
+    for _ in range(11):
+        h.enqueue(*(make_job(queue="tmp") for _ in range(100)), now=NOW)
+    assert isinstance(h.refuse(DeleteQueue(queue="tmp", **WHO), NOW), QueueInUse)
+
+
+def test_delete_of_a_queue_not_defined_at_runtime_is_queue_not_found() -> None:
+    h = harness()
+    refused = h.refuse(DeleteQueue(queue="q", **WHO), NOW)
+    assert isinstance(refused, QueueNotFound) and "configuration file" in refused.message
+
+
+def test_runtime_queues_survive_a_snapshot_and_a_replay() -> None:
+    h = Harness(CoreConfig().with_queue("q"))
+    h.accept(PutQueue(queue="q", overrides={"default_priority": 6}, **WHO), NOW)
+    h.accept(PutQueue(queue="empty", overrides={"max_lease_duration_ms": 500}, **WHO), NOW)
+    for state in (snapshot_round_trip(h.state), replayed(h)):
+        assert state.canonical() == h.state.canonical()
+        assert state.config.policy("q").default_priority == 6
+        assert state.config.policy("empty").max_lease_duration_ms == 500
+        assert "empty" in state.queues

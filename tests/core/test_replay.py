@@ -59,8 +59,10 @@ from sepp.core.commands import (
     AdminRequeueDeadLetters,
     CancelJobs,
     DeleteDeadLetters,
+    DeleteQueue,
     PauseQueue,
     PurgeQueue,
+    PutQueue,
     ResumeQueue,
 )
 from sepp.core.events import (
@@ -168,8 +170,10 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
             "pause",
             "resume",
             "purge",
+            "put_queue",
+            "delete_queue",
         ),
-        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.3),
+        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.3, 0.5, 0.5),
     )[0]
     if kind == "enqueue":
         jobs = tuple(random_job(rng, now) for _ in range(rng.randrange(1, 5)))
@@ -229,6 +233,11 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
     if kind in ("pause", "resume"):
         cls3 = PauseQueue if kind == "pause" else ResumeQueue
         return cls3(queue=rng.choice(QUEUES), **who)
+    if kind == "put_queue":
+        overrides = rng.choice(({}, {"default_priority": 7}, {"max_lease_duration_ms": 100}))
+        return PutQueue(queue=rng.choice(("a", "c", "d")), overrides=overrides, **who)
+    if kind == "delete_queue":
+        return DeleteQueue(queue=rng.choice(("a", "c", "d")), **who)
     if kind == "purge":
         return PurgeQueue(queue=rng.choice(QUEUES), max_jobs=rng.randrange(1, 6), **who)
     if kind == "admin":

@@ -46,9 +46,9 @@ def sample(spec: Any) -> list[Any]:
     return [spec.type_id, spec.version, *(GOOD[field.type][-1] for field in spec.fields)]
 
 
-def test_catalogue_has_eighteen_events_with_ids_one_to_eighteen() -> None:
-    assert [spec.type_id for spec in CATALOGUE] == list(range(1, 19))
-    assert set(EVENT_SPECS_BY_TYPE) == set(range(1, 19))
+def test_catalogue_has_twenty_events_with_ids_one_to_twenty() -> None:
+    assert [spec.type_id for spec in CATALOGUE] == list(range(1, 21))
+    assert set(EVENT_SPECS_BY_TYPE) == set(range(1, 21))
     assert all(spec.version == 1 for spec in CATALOGUE)
 
 
@@ -105,7 +105,7 @@ def test_validate_event_names_the_field_with_the_wrong_type(type_name: str) -> N
         ("ab", "event is not an array of at least 2 elements"),
         ({0: 3, 1: 1}, "event is not an array of at least 2 elements"),
         ([0, 1], "unknown event type id 0"),
-        ([19, 1], "unknown event type id 19"),
+        ([21, 1], "unknown event type id 21"),
         ([True, 1, JOB], "unknown event type id True"),
         (["7", 1, JOB], "unknown event type id '7'"),
         ([7, 2, JOB], "JobPromoted version 2 is not supported (expected 1)"),

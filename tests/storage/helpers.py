@@ -59,8 +59,10 @@ from sepp.core.commands import (
     AdminRequeueDeadLetters,
     CancelJobs,
     DeleteDeadLetters,
+    DeleteQueue,
     PauseQueue,
     PurgeQueue,
+    PutQueue,
     ResumeQueue,
 )
 from sepp.core.events import Event
@@ -306,8 +308,24 @@ class Workload:
         rng = self.rng
         who = {"actor": rng.choice(("ann", "local")), "role": rng.choice(("operator", "admin"))}
         kind = rng.choice(
-            ("cancel", "dead_letter", "requeue", "delete", "pause", "resume", "resume", "purge")
+            (
+                "cancel",
+                "dead_letter",
+                "requeue",
+                "delete",
+                "pause",
+                "resume",
+                "resume",
+                "purge",
+                "put_queue",
+                "delete_queue",
+            )
         )
+        if kind == "put_queue":
+            overrides = rng.choice(({}, {"default_priority": 5}, {"retry_delay_ms": 50}))
+            return PutQueue(queue=rng.choice(QUEUES), overrides=overrides, **who)
+        if kind == "delete_queue":
+            return DeleteQueue(queue=rng.choice(QUEUES), **who)
         if kind in ("cancel", "dead_letter"):
             waiting = [j.job_id for j in state.jobs.values() if j.status in (READY, SCHEDULED)]
             picked = rng.sample(waiting, min(len(waiting), 2)) if waiting else [random_id(rng)]

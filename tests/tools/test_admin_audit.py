@@ -14,8 +14,10 @@ from sepp.core.commands import (
     AdminDeadLetterJobs,
     CancelJobs,
     DeleteDeadLetters,
+    DeleteQueue,
     PauseQueue,
     PurgeQueue,
+    PutQueue,
     ResumeQueue,
 )
 from tests.storage.helpers import numbered_id
@@ -43,6 +45,8 @@ def admin_log(tmp_path: Path) -> LiveLog:
     live.run(ResumeQueue(queue="emails", **ANN), T0 + 5)
     live.run(DeleteDeadLetters(job_ids=(numbered_id(3),), **ROOT), T0 + 6)
     live.run(PurgeQueue(queue="emails", reason="reset", **ROOT), T0 + 7)
+    live.run(PutQueue(queue="bulk", overrides={"default_priority": 1}, **ROOT), T0 + 8)
+    live.run(DeleteQueue(queue="bulk", reason="gone", **ROOT), T0 + 9)
     live.close()
     return live
 
@@ -58,9 +62,12 @@ def test_admin_actions_lists_each_action_with_actor_role_reason_and_ids(admin_lo
         ("queue.resume", "ann", "operator", None, "emails", ()),
         ("dead_letters.delete", "root-key", "admin", None, None, (numbered_id(3),)),
         ("queue.purge", "root-key", "admin", "reset", "emails", (numbered_id(5), numbered_id(6))),
+        ("queue.put", "root-key", "admin", None, "bulk", ()),
+        ("queue.delete", "root-key", "admin", "gone", "bulk", ()),
     ]
     assert result.entries[0].changes == {"JobDeadLettered": 2}
-    assert result.entries[-1].changes == {"JobCancelled": 2}
+    assert result.entries[5].changes == {"JobCancelled": 2}
+    assert result.entries[-1].changes == {"QueueDeleted": 1}
 
 
 def test_admin_actions_filter_by_actor_action_prefix_and_time(admin_log: LiveLog) -> None:
@@ -74,6 +81,8 @@ def test_admin_actions_filter_by_actor_action_prefix_and_time(admin_log: LiveLog
         "queue.pause",
         "queue.resume",
         "queue.purge",
+        "queue.put",
+        "queue.delete",
     ]
     assert [
         e.action for e in admin_actions(data_dir, since_ms=T0 + 6, until_ms=T0 + 6).entries
