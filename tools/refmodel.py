@@ -45,6 +45,7 @@ from sepp.core.events import CAUSE_NAMES
 from sepp.core.results import (
     Accepted,
     AckResult,
+    AdminOutcomes,
     AdminResult,
     AtomicRejected,
     CommandError,
@@ -53,6 +54,7 @@ from sepp.core.results import (
     ExtendResult,
     InvalidRequest,
     NackResult,
+    QueueAdminResult,
     ReleaseResult,
     ReserveResult,
     SweepResult,
@@ -173,6 +175,8 @@ class Model:
         self.time = 0
         self.woken: set[str] = set()
         self.arrivals = 0
+        # Queues an operator paused (issue 15): reserve takes nothing from them.
+        self.paused: set[str] = set()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -393,6 +397,8 @@ class Model:
         want = min(max_jobs, lim.max_reserve_batch)
         picked: list[MJob] = []
         for name in dict.fromkeys(queues):
+            if name in self.paused:
+                continue
             ready = [j for j in self.jobs.values() if j.queue == name and j.status == READY]
             ready.sort(key=lambda j: (-j.priority, j.enqueued_at, j.arrival))
             picked.extend(ready[: want - len(picked)])
@@ -531,6 +537,73 @@ class Model:
             affected.append(job.job_id)
         return ("admin", tuple(affected), tuple(refused))
 
+    # -- admin commands of issue 15 (by ids, and pause / resume) ----------------
+
+    def live_jobs_admin(
+        self, job_ids: tuple[str, ...], dead_letter: bool, reason: str | None, now: int
+    ) -> tuple[Any, ...]:
+        """AdminDeadLetterJobs (dead_letter) or CancelJobs: per id done /
+        not_found / wrong_state."""
+        t = self._start(now)
+        if len(job_ids) > 1000:
+            return self._error("TooManyIds")
+        self._commit_time()
+        outcomes: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for raw in job_ids:
+            jid = canonical_id(raw)
+            if jid is None:
+                outcomes.append((str(raw), "not_found"))
+                continue
+            if jid in seen:
+                continue
+            seen.add(jid)
+            job = self.jobs.get(jid)
+            if job is None:
+                dead = any(d.job.job_id == jid for d in self.dead)
+                outcomes.append((jid, "wrong_state" if dead else "not_found"))
+            elif job.status not in (READY, SCHEDULED):
+                outcomes.append((jid, "wrong_state"))
+            else:
+                if dead_letter:
+                    self._kill(job, "admin", t, reason)
+                else:
+                    del self.jobs[jid]
+                outcomes.append((jid, "done"))
+        return ("outcomes", tuple(outcomes), 0)
+
+    def delete_dead_letters(self, job_ids: tuple[str, ...], now: int) -> tuple[Any, ...]:
+        self._start(now)
+        if len(job_ids) > 1000:
+            return self._error("TooManyIds")
+        self._commit_time()
+        outcomes: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for raw in job_ids:
+            jid = canonical_id(raw)
+            record = next((d for d in self.dead if d.job.job_id == jid), None)
+            if jid is None or record is None:
+                outcomes.append((str(raw) if jid is None else jid, "not_found"))
+            elif jid not in seen:
+                seen.add(jid)
+                self.dead.remove(record)
+                outcomes.append((jid, "done"))
+        return ("outcomes", tuple(outcomes), 0)
+
+    def pause(self, queue: str, paused: bool, now: int) -> tuple[Any, ...]:
+        self._start(now)
+        if self.config.strict_queues and queue not in self.config.queues:
+            return self._error("QueueNotFound")
+        self._commit_time()
+        if (queue in self.paused) == paused:
+            return ("queue_admin", queue, paused, False)
+        if paused:
+            self.paused.add(queue)
+        else:
+            self.paused.discard(queue)
+            self.woken.add(queue)
+        return ("queue_admin", queue, paused, True)
+
     def requeue(self, job_ids: tuple[str, ...], now: int) -> tuple[Any, ...]:
         t = self._start(now)
         if len(job_ids) > 100:
@@ -611,6 +684,7 @@ class Model:
         queue only while it holds a job, a dead letter or an idempotency key."""
         return (
             set(self.config.queues)
+            | self.paused
             | {j.queue for j in self.jobs.values()}
             | {d.job.queue for d in self.dead}
             | {queue for queue, _key in self.dedup}
@@ -720,6 +794,10 @@ def normalise(result: Decision | CommandError) -> tuple[Any, ...]:
         return ("sweep", values(reply))
     if isinstance(reply, AdminResult):
         return ("admin", reply.affected, tuple(raw.lower() for raw, _ in reply.refused))
+    if isinstance(reply, AdminOutcomes):
+        return ("outcomes", reply.outcomes, reply.remaining)
+    if isinstance(reply, QueueAdminResult):
+        return ("queue_admin", reply.queue, reply.paused, reply.changed)
     raise TypeError(f"unexpected reply {reply!r}")
 
 

@@ -106,6 +106,13 @@ from sepp.core import (
     Sweep,
     check_invariants,
 )
+from sepp.core.commands import (
+    AdminDeadLetterJobs,
+    CancelJobs,
+    DeleteDeadLetters,
+    PauseQueue,
+    ResumeQueue,
+)
 from sepp.core.invariants import InvariantViolation
 from sepp.core.results import CommandError
 from sepp.storage import HOOK_POINTS, Engine, RecoveryError, StorageFailed, StorageOptions
@@ -346,7 +353,41 @@ class Workload:
             )
         dead = [d.job.job_id for d in model.dead]
         chosen = tuple(rng.sample(dead, min(len(dead), 2)) if dead else [self.job_id()])
-        return RequeueDeadLetters(job_ids=chosen), lambda m: m.requeue(chosen, now)
+        if rng.random() < 0.5:
+            return RequeueDeadLetters(job_ids=chosen), lambda m: m.requeue(chosen, now)
+        return self.admin(model, now)
+
+    def admin(self, model: Model, now: int) -> tuple[Command, Any]:
+        """An operator's command of issue 15 (logged with an AdminAction header)."""
+        rng = self.rng
+        actor, role = "ann", rng.choice(("operator", "admin"))
+        kind = rng.choice(("cancel", "dead_letter", "delete", "pause", "resume", "resume"))
+        if kind in ("cancel", "dead_letter"):
+            waiting = sorted(
+                j.job_id for j in model.jobs.values() if j.status in (READY, SCHEDULED)
+            )
+            ids = (*rng.sample(waiting, min(len(waiting), 2)), self.job_id())
+            if kind == "cancel":
+                return CancelJobs(job_ids=ids, actor=actor, role=role), lambda m: m.live_jobs_admin(
+                    ids, False, None, now
+                )
+            return AdminDeadLetterJobs(
+                job_ids=ids, reason="op", actor=actor, role=role
+            ), lambda m: m.live_jobs_admin(ids, True, "op", now)
+        if kind == "delete":
+            dead = [d.job.job_id for d in model.dead]
+            ids = (*rng.sample(dead, min(len(dead), 2)), self.job_id())
+            return DeleteDeadLetters(
+                job_ids=ids, actor=actor, role=role
+            ), lambda m: m.delete_dead_letters(ids, now)
+        queue = rng.choice(QUEUES)
+        if kind == "pause":
+            return PauseQueue(queue=queue, actor=actor, role=role), lambda m: m.pause(
+                queue, True, now
+            )
+        return ResumeQueue(queue=queue, actor=actor, role=role), lambda m: m.pause(
+            queue, False, now
+        )
 
 
 # ---------------------------------------------------------------- one run
