@@ -11,6 +11,14 @@ Promises:
   sent at the next turn of the event loop (``loop.call_soon``), never after a
   timer, unless the client asked for a linger (then at most that long, and at
   once when a batch is full);
+* without a linger, a batch leaves as soon as it holds `EAGER_CALLS` calls
+  and the next one starts: the server (on another core) decides and writes the
+  first part while the callers of the rest are still being resumed here, and
+  the parts' answers come back at different moments, so client work and server
+  work (and its fsync) overlap instead of taking turns. Measured (50 concurrent
+  enqueue callers, durable server on another core, bench_client, 3 runs):
+  36.1k -> 45.3k jobs/s at 25, 41.6k at 32, 38.6k at 8 (more frames cost more
+  than they overlap); client CPU 9.8 -> 11.9 us per enqueue;
 * a call whose caller stopped waiting before its batch left is left out;
 * order: the calls of one batch keep the order they were made in.
 
@@ -27,7 +35,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Call", "Coalescer", "Outcome"]
+__all__ = ["EAGER_CALLS", "Call", "Coalescer", "Outcome"]
+
+# Without a linger: a batch this long leaves at once (see the module docstring).
+EAGER_CALLS = 25
 
 
 class Outcome(Protocol):
@@ -95,7 +106,7 @@ class Coalescer:
                 self._handle = self._loop.call_later(self._linger_s, self.flush)
             else:
                 self._handle = self._loop.call_soon(self.flush)
-        elif self._linger_s > 0 and len(calls) >= self.full:
+        elif len(calls) >= (self.full if self._linger_s > 0 else min(self.full, EAGER_CALLS)):
             self.flush()
 
     def flush(self) -> None:

@@ -34,6 +34,7 @@ from sepp.client import (
     SyncSeppClient,
     TransportError,
 )
+from sepp.client._coalesce import EAGER_CALLS
 from sepp.client.client import ENQUEUE_LINGER_MAX
 from sepp.protocol import Request
 from tests.client.fakeserver import DROP, FakeConnection, FakeServer, make_job
@@ -83,13 +84,32 @@ async def test_concurrent_enqueues_go_to_the_server_as_one_frame_with_results_in
 ) -> None:
     async with fake:
         client = await fake_with_limits(fake)
+        count = EAGER_CALLS
         acks = await asyncio.gather(
-            *(client.enqueue(EnqueueRequest("q", f"t{i}")) for i in range(50))
+            *(client.enqueue(EnqueueRequest("q", f"t{i}")) for i in range(count))
         )
-        assert [a.job_id for a in acks] == [f"id-t{i}" for i in range(50)]
+        assert [a.job_id for a in acks] == [f"id-t{i}" for i in range(count)]
         (frame,) = fake.ops("enqueue")
-        assert [j["job_type"] for j in frame.body["jobs"]] == [f"t{i}" for i in range(50)]
+        assert [j["job_type"] for j in frame.body["jobs"]] == [f"t{i}" for i in range(count)]
         assert "atomic" not in frame.body  # best effort, never all-or-nothing
+        await client.close()
+
+
+async def test_a_batch_leaves_as_soon_as_it_holds_eager_calls_and_the_next_one_starts(
+    fake: FakeServer,
+) -> None:
+    # The server starts on the first part while the rest are still being made.
+    async with fake:
+        client = await fake_with_limits(fake)
+        count = 2 * EAGER_CALLS + 10
+        acks = await asyncio.gather(
+            *(client.enqueue(EnqueueRequest("q", f"t{i}")) for i in range(count))
+        )
+        assert [a.job_id for a in acks] == [f"id-t{i}" for i in range(count)]
+        frames = fake.ops("enqueue")
+        assert [len(f.body["jobs"]) for f in frames] == [EAGER_CALLS, EAGER_CALLS, 10]
+        sent = [j["job_type"] for f in frames for j in f.body["jobs"]]
+        assert sent == [f"t{i}" for i in range(count)]
         await client.close()
 
 
@@ -390,7 +410,7 @@ async def test_a_call_that_cannot_be_encoded_fails_alone_and_its_batch_mates_go_
 
 
 @pytestmark_real
-async def test_acks_past_max_settle_batch_are_cut_into_several_settles() -> None:
+async def test_many_acks_at_once_are_cut_into_settles_within_the_limits() -> None:
     async with in_process(in_process_config()) as server:
         client = await SeppClient.connect(address_of(server))
         await client.enqueue_batch([EnqueueRequest("q", "t")] * 200)
@@ -402,7 +422,11 @@ async def test_acks_past_max_settle_batch_are_cut_into_several_settles() -> None
             jobs += got
         sent = count_frames(client)
         await asyncio.gather(*(client.ack(j.ctx) for j in jobs))
-        assert [(op, len(body["items"])) for op, body in sent] == [("settle", 256), ("settle", 44)]
+        # Cut at EAGER_CALLS, below max_settle_batch (256): never one past it.
+        sizes = [len(body["items"]) for op, body in sent if op == "settle"]
+        assert sizes == [EAGER_CALLS] * (300 // EAGER_CALLS) + (
+            [300 % EAGER_CALLS] if 300 % EAGER_CALLS else []
+        )
         stats = await client.queue_stats(["q"])
         assert stats[0].in_flight == 0 and stats[0].ready == 0
         await client.close()
