@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from log_format import COMMAND_KIND_NAMES, FormatError, Record, decode_envelope
+from log_format import COMMAND_KIND_NAMES, Envelope, FormatError, Record, decode_envelope
 from sepp.core.state import STATUS_NAMES, State
 from sepp.storage.replay import ReplayError, replay_record
 
@@ -324,47 +324,52 @@ def queue_transitions(
     if base.state is not None and base.seq > 0:
         index.seed(base.state)
     walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
+    for item, envelope in _records_until(walker, until_ms, out.problems):
+        if envelope.time_ms >= since_ms:
+            touched = False
+            for event in envelope.events:
+                if index.queue_of(event) != queue:
+                    continue
+                touched = True
+                name = event_name(event)
+                out.counts[name] += 1
+                if event[0] == _DEAD_LETTERED:
+                    cause = event_fields(event).get("cause")
+                    out.causes[
+                        DEAD_LETTER_CAUSES.get(cause, str(cause)) if isinstance(cause, int) else "?"
+                    ] += 1
+                job = job_id_of(event)
+                if job is not None:
+                    out.jobs.add(job)
+            if touched:
+                out.records += 1
+                out.first_seq = out.first_seq if out.first_seq is not None else item.seq
+                out.last_seq = item.seq
+        index.update(envelope.events)
+    return out
+
+
+def _records_until(
+    walker: LogWalker, until_ms: int | None, problems: list[Problem]
+) -> Iterator[tuple[Record, Envelope]]:
+    """The log's records with their envelopes, oldest first, up to the first one
+    timed after `until_ms`; a record that does not decode, and every problem the
+    walker meets, goes to `problems`."""
     rel = ""
     for item in walker.walk():
         if type(item) is Record:
             try:
                 envelope = decode_envelope(item.body)
             except FormatError as exc:
-                out.problems.append(
-                    Problem(ERROR, "decode", rel, item.offset, item.seq, exc.reason)
-                )
+                problems.append(Problem(ERROR, "decode", rel, item.offset, item.seq, exc.reason))
                 continue
-            time_ms = envelope.time_ms
-            if until_ms is not None and time_ms > until_ms:
-                break
-            if time_ms >= since_ms:
-                touched = False
-                for event in envelope.events:
-                    if index.queue_of(event) != queue:
-                        continue
-                    touched = True
-                    name = event_name(event)
-                    out.counts[name] += 1
-                    if event[0] == _DEAD_LETTERED:
-                        cause = event_fields(event).get("cause")
-                        out.causes[
-                            DEAD_LETTER_CAUSES.get(cause, str(cause))
-                            if isinstance(cause, int)
-                            else "?"
-                        ] += 1
-                    job = job_id_of(event)
-                    if job is not None:
-                        out.jobs.add(job)
-                if touched:
-                    out.records += 1
-                    out.first_seq = out.first_seq if out.first_seq is not None else item.seq
-                    out.last_seq = item.seq
-            index.update(envelope.events)
+            if until_ms is not None and envelope.time_ms > until_ms:
+                return
+            yield item, envelope
         elif type(item) is SegmentStart:
             rel = item.segment.rel
         elif type(item) is Problem:
-            out.problems.append(item)
-    return out
+            problems.append(item)
 
 
 # ---------------------------------------------------------------- admin actions
@@ -440,48 +445,33 @@ def admin_actions(
     event is an AdminAction header, filtered by time, actor and action prefix."""
     out = AdminActions()
     walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
-    rel = ""
-    for item in walker.walk():
-        if type(item) is Record:
-            try:
-                envelope = decode_envelope(item.body)
-            except FormatError as exc:
-                out.problems.append(
-                    Problem(ERROR, "decode", rel, item.offset, item.seq, exc.reason)
-                )
-                continue
-            time_ms = envelope.time_ms
-            if until_ms is not None and time_ms > until_ms:
-                break
-            events = envelope.events
-            if not events or events[0][0] != _ADMIN_ACTION:
-                continue
-            if since_ms is not None and time_ms < since_ms:
-                continue
-            fields = event_fields(events[0])
-            if "raw" in fields:
-                continue
-            if actor is not None and fields["actor"] != actor:
-                continue
-            if action_prefix is not None and not str(fields["action"]).startswith(action_prefix):
-                continue
-            out.entries.append(
-                AdminEntry(
-                    seq=item.seq,
-                    time_ms=time_ms,
-                    action=str(fields["action"]),
-                    actor=str(fields["actor"]),
-                    role=str(fields["role"]),
-                    reason=fields["reason"],
-                    queue=fields["queue"],
-                    job_ids=tuple(fields["job_ids"]),
-                    changes=dict(Counter(event_name(e) for e in events[1:])),
-                )
+    for item, envelope in _records_until(walker, until_ms, out.problems):
+        time_ms = envelope.time_ms
+        events = envelope.events
+        if not events or events[0][0] != _ADMIN_ACTION:
+            continue
+        if since_ms is not None and time_ms < since_ms:
+            continue
+        fields = event_fields(events[0])
+        if "raw" in fields:
+            continue
+        if actor is not None and fields["actor"] != actor:
+            continue
+        if action_prefix is not None and not str(fields["action"]).startswith(action_prefix):
+            continue
+        out.entries.append(
+            AdminEntry(
+                seq=item.seq,
+                time_ms=time_ms,
+                action=str(fields["action"]),
+                actor=str(fields["actor"]),
+                role=str(fields["role"]),
+                reason=fields["reason"],
+                queue=fields["queue"],
+                job_ids=tuple(fields["job_ids"]),
+                changes=dict(Counter(event_name(e) for e in events[1:])),
             )
-        elif type(item) is SegmentStart:
-            rel = item.segment.rel
-        elif type(item) is Problem:
-            out.problems.append(item)
+        )
     return out
 
 

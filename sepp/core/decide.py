@@ -1198,6 +1198,19 @@ def _admin_queue_error(state: State, queue: object) -> CommandError | None:
     return InvalidArgument(problem) if problem is not None else None
 
 
+def _admin_queue(state: State, cmd: AdminCommand) -> str | CommandError:
+    """The queue an admin command on one queue names, once the command's actor,
+    role and reason and the name itself are valid; else the refusal."""
+    error = _admin_error(state, cmd)
+    if error is not None:
+        return error
+    queue = _field(cmd, "queue")
+    error = _admin_queue_error(state, queue)
+    if error is not None:
+        return error
+    return cast(str, queue)
+
+
 def _admin_max_jobs(cmd: object) -> int | CommandError:
     max_jobs = _field(cmd, "max_jobs")
     if not _is_int(max_jobs) or not 1 <= max_jobs <= ADMIN_JOBS_PER_CHUNK_MAX:
@@ -1344,14 +1357,9 @@ def _decide_dead_letters_admin(
 def _decide_pause_resume(
     state: State, cmd: PauseQueue | ResumeQueue, now: int
 ) -> Decision | CommandError:
-    error = _admin_error(state, cmd)
-    if error is not None:
-        return error
-    queue = _field(cmd, "queue")
-    error = _admin_queue_error(state, queue)
-    if error is not None:
-        return error
-    name = cast(str, queue)
+    name = _admin_queue(state, cmd)
+    if isinstance(name, CommandError):
+        return name
     config = state.config
     if config.strict_queues and name not in config.queues:
         return QueueNotFound(f"queue {name!r} is not declared and strict_queues is on", name)
@@ -1378,14 +1386,9 @@ def _override_error(key: object, value: object) -> str | None:
 
 
 def _decide_put_queue(state: State, cmd: PutQueue, now: int) -> Decision | CommandError:
-    error = _admin_error(state, cmd)
-    if error is not None:
-        return error
-    queue = _field(cmd, "queue")
-    error = _admin_queue_error(state, queue)
-    if error is not None:
-        return error
-    name = cast(str, queue)
+    name = _admin_queue(state, cmd)
+    if isinstance(name, CommandError):
+        return name
     raw = _field(cmd, "overrides")
     if not isinstance(raw, Mapping):
         return InvalidArgument("overrides must be a map of setting -> value")
@@ -1416,14 +1419,9 @@ def _decide_put_queue(state: State, cmd: PutQueue, now: int) -> Decision | Comma
 
 
 def _decide_delete_queue(state: State, cmd: DeleteQueue, now: int) -> Decision | CommandError:
-    error = _admin_error(state, cmd)
-    if error is not None:
-        return error
-    queue = _field(cmd, "queue")
-    error = _admin_queue_error(state, queue)
-    if error is not None:
-        return error
-    name = cast(str, queue)
+    name = _admin_queue(state, cmd)
+    if isinstance(name, CommandError):
+        return name
     if name not in state.queue_overrides:
         why = "is declared in the configuration file" if name in state.base_config.queues else ""
         return QueueNotFound(
@@ -1477,17 +1475,12 @@ def _purge_order(state: State, q: QueueState, max_jobs: int) -> list[Job]:
 
 
 def _decide_purge(state: State, cmd: PurgeQueue, now: int) -> Decision | CommandError:
-    error = _admin_error(state, cmd)
-    if error is not None:
-        return error
-    queue = _field(cmd, "queue")
-    error = _admin_queue_error(state, queue)
-    if error is not None:
-        return error
+    name = _admin_queue(state, cmd)
+    if isinstance(name, CommandError):
+        return name
     max_jobs = _admin_max_jobs(cmd)
     if isinstance(max_jobs, CommandError):
         return max_jobs
-    name = cast(str, queue)
     q = state.queues.get(name)
     if q is None:
         return Decision((), now, PurgeResult(name, 0, 0), NOTHING_WOKEN)
