@@ -49,21 +49,40 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from sepp._version import __version__ as SEPP_VERSION
+from sepp.core import reads
 from sepp.core.commands import (
     Ack,
+    AdminDeadLetterJobs,
+    AdminRequeueDeadLetters,
+    CancelJobs,
     Command,
+    DeleteDeadLetters,
+    DeleteQueue,
     DrainDeadLetters,
     Enqueue,
     Extend,
     Nack,
     NewJob,
+    PauseQueue,
+    PurgeQueue,
+    PutQueue,
     Release,
     Reserve,
+    ResumeQueue,
     Sweep,
 )
 from sepp.core.config import ANSWER_ENVELOPE_BYTES_MAX
 from sepp.core.decide import Decision
-from sepp.core.results import CommandError, JobView, ReserveResult
+from sepp.core.events import CAUSE_NAMES
+from sepp.core.reads import JobInfo, JobPage, QueueInfo
+from sepp.core.results import (
+    CommandError,
+    InvalidArgument,
+    JobView,
+    PermissionDenied,
+    QueueNotFound,
+    ReserveResult,
+)
 from sepp.server.admission import WaitList
 from sepp.server.config import ServerConfig
 from sepp.server.ids import JobIds
@@ -75,12 +94,15 @@ __all__ = [
     "AUTH_MISSING_KEY",
     "AUTH_OPEN",
     "AUTH_UNKNOWN_KEY",
+    "LOCAL_ADMIN",
+    "ROLE_REQUIRED",
     "CommandRefused",
     "FutureSink",
     "Health",
     "InvalidRequest",
     "Overloaded",
     "ParkedReserve",
+    "Principal",
     "QueueStats",
     "ReserveSink",
     "SeppService",
@@ -109,6 +131,55 @@ AUTH_LET_IN = frozenset({AUTH_OPEN, AUTH_ACCEPTED})
 # Why the server is not serving (`Health.reason`).
 NOT_SERVING_STORAGE_FAILED = "storage_failed"
 NOT_SERVING_SHUTTING_DOWN = "shutting_down"
+
+
+# -- admin principals and the role table ----------------------------------------------------
+
+
+class Principal(NamedTuple):
+    """Who asks for an admin operation: the front's auth decision. `actor` is
+    recorded in the audit trail; `role` is one of ROLES."""
+
+    actor: str
+    role: str
+
+
+# The roles, weakest first: each may do everything the ones before it may.
+ROLES = ("viewer", "operator", "admin")
+_ROLE_RANK = {role: rank for rank, role in enumerate(ROLES)}
+
+# The role check table: the weakest role each admin operation needs (one test
+# per row, tests/server/test_service_admin.py). Viewers read; operators fix jobs,
+# dead letters and the flow of a queue; only admins define or delete queues. The
+# core refuses a viewer's change too (PermissionDenied): this table is checked
+# first, by the service, for every front.
+ROLE_REQUIRED: dict[str, str] = {
+    "get_job": "viewer",
+    "list_jobs": "viewer",
+    "list_dead_letters": "viewer",
+    "list_queues": "viewer",
+    "queue_info": "viewer",
+    "dead_letter_jobs": "operator",
+    "cancel_jobs": "operator",
+    "requeue_dead_letters": "operator",
+    "delete_dead_letters": "operator",
+    "pause_queue": "operator",
+    "resume_queue": "operator",
+    "purge_queue": "operator",
+    "put_queue": "admin",
+    "delete_queue": "admin",
+}
+
+# Who a front acts as when it has no finer identity: a server without API keys
+# (or a loopback admin listener without keys) is open, and its peers act as this.
+LOCAL_ADMIN = Principal("local", "admin")
+
+
+def role_allows(role: str, operation: str) -> bool:
+    """True when `role` may perform `operation` (a ROLE_REQUIRED key); an unknown
+    role may do nothing."""
+    rank = _ROLE_RANK.get(role)
+    return rank is not None and rank >= _ROLE_RANK[ROLE_REQUIRED[operation]]
 
 
 # -- typed refusals ----------------------------------------------------------------------
@@ -442,6 +513,248 @@ class SeppService:
             )
         return decision, barrier
 
+    # -- admin operations (issue 15) -----------------------------------------------------------
+    #
+    # Each takes the `Principal` its front authenticated and returns (outcome, barrier):
+    # the outcome is the result, or a CommandError (PermissionDenied by the role
+    # table, or the core's refusal: InvalidArgument, TooManyIds, QueueNotFound,
+    # QueueInUse); answer it once `barrier` is durable (`after_durable` / `durable`),
+    # as for every command. Reads wait for the read barrier, so they never show what
+    # is not yet durable. Commands go through `run`, which wakes parked reserves
+    # (resume, requeue). Raise ShuttingDown / Overloaded / StorageFailed like `run`.
+
+    def _denied(self, principal: Principal, operation: str) -> PermissionDenied | None:
+        if role_allows(principal.role, operation):
+            return None
+        return PermissionDenied(
+            f"{operation} needs role {ROLE_REQUIRED[operation]}; "
+            f"{principal.actor} has role {principal.role}"
+        )
+
+    def _read(self, principal: Principal, operation: str) -> PermissionDenied | None:
+        if self.stopping:
+            raise ShuttingDown()
+        return self._denied(principal, operation)
+
+    def get_job(
+        self, principal: Principal, job_id: str
+    ) -> tuple[JobInfo | CommandError | None, int]:
+        """The job `job_id` in any state, or None when unknown (never enqueued, or
+        gone: acked, cancelled, deleted, drained, expired)."""
+        denied = self._read(principal, "get_job")
+        if denied is not None:
+            return denied, 0
+        engine = self.engine
+        assert engine is not None
+        return reads.get_job(engine.state, job_id), self.read_barrier()
+
+    def list_jobs(
+        self,
+        principal: Principal,
+        queue: str,
+        state: str,
+        cursor: str | None = None,
+        limit: int = reads.PAGE_JOBS_DEFAULT,
+        cause: str | None = None,
+    ) -> tuple[JobPage | CommandError, int]:
+        """A page of the jobs of `queue` in `state` ("ready", "scheduled",
+        "inflight", "dead_letter") after `cursor`; `cause` filters dead letters."""
+        denied = self._read(principal, "list_jobs")
+        if denied is not None:
+            return denied, 0
+        engine = self.engine
+        assert engine is not None
+        page = reads.list_jobs(engine.state, queue, state, cursor, limit, cause)
+        return page, self.read_barrier()
+
+    def list_dead_letters(
+        self,
+        principal: Principal,
+        queue: str,
+        cause: str | None = None,
+        cursor: str | None = None,
+        limit: int = reads.PAGE_JOBS_DEFAULT,
+    ) -> tuple[JobPage | CommandError, int]:
+        """A page of the dead letters of `queue` (of `cause`, a cause name, when
+        given), without consuming them."""
+        denied = self._read(principal, "list_dead_letters")
+        if denied is not None:
+            return denied, 0
+        engine = self.engine
+        assert engine is not None
+        page = reads.list_jobs(engine.state, queue, "dead_letter", cursor, limit, cause)
+        return page, self.read_barrier()
+
+    def list_queues(self, principal: Principal) -> tuple[tuple[QueueInfo, ...] | CommandError, int]:
+        """Every queue the state knows, by name, with counts and settings."""
+        denied = self._read(principal, "list_queues")
+        if denied is not None:
+            return denied, 0
+        engine = self.engine
+        assert engine is not None
+        return reads.list_queues(engine.state), self.read_barrier()
+
+    def queue_info(self, principal: Principal, queue: str) -> tuple[QueueInfo | CommandError, int]:
+        """One queue's counts and settings; QueueNotFound when the server does
+        not know it."""
+        denied = self._read(principal, "queue_info")
+        if denied is not None:
+            return denied, 0
+        engine = self.engine
+        assert engine is not None
+        info = reads.queue_info(engine.state, queue)
+        if info is None:
+            return QueueNotFound(f"no queue {queue!r}", queue), 0
+        return info, self.read_barrier()
+
+    def _admin(
+        self, principal: Principal, operation: str, command: Command
+    ) -> tuple[Decision | CommandError, int]:
+        if self.stopping:
+            raise ShuttingDown()
+        denied = self._denied(principal, operation)
+        if denied is not None:
+            return denied, 0
+        decision, barrier = self.run(command)
+        if type(decision) is Decision and decision.events:
+            log.info("%s by %s (%s)", operation, principal.actor, principal.role)
+        return decision, barrier
+
+    def dead_letter_jobs(
+        self, principal: Principal, job_ids: Sequence[str], reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Dead-letter live Ready or Scheduled jobs (cause `admin`): AdminOutcomes."""
+        actor, role = principal
+        return self._admin(
+            principal,
+            "dead_letter_jobs",
+            AdminDeadLetterJobs(actor=actor, role=role, reason=reason, job_ids=tuple(job_ids)),
+        )
+
+    def cancel_jobs(
+        self, principal: Principal, job_ids: Sequence[str], reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Delete live Ready or Scheduled jobs: AdminOutcomes."""
+        actor, role = principal
+        return self._admin(
+            principal,
+            "cancel_jobs",
+            CancelJobs(actor=actor, role=role, reason=reason, job_ids=tuple(job_ids)),
+        )
+
+    def requeue_dead_letters(
+        self,
+        principal: Principal,
+        *,
+        job_ids: Sequence[str] = (),
+        queue: str | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+    ) -> tuple[Decision | CommandError, int]:
+        """Dead letters back to Ready (same id, attempt 1), by `job_ids` or, when
+        none are given, by `queue` and / or `cause` (a chunk; AdminOutcomes.remaining
+        says how many more match)."""
+        code = _cause_code(cause)
+        if isinstance(code, CommandError):
+            return code, 0
+        actor, role = principal
+        return self._admin(
+            principal,
+            "requeue_dead_letters",
+            AdminRequeueDeadLetters(
+                actor=actor,
+                role=role,
+                reason=reason,
+                job_ids=tuple(job_ids),
+                queue=queue,
+                cause=code,
+            ),
+        )
+
+    def delete_dead_letters(
+        self,
+        principal: Principal,
+        *,
+        job_ids: Sequence[str] = (),
+        queue: str | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+    ) -> tuple[Decision | CommandError, int]:
+        """Delete dead letters, by ids or by filter like `requeue_dead_letters`."""
+        code = _cause_code(cause)
+        if isinstance(code, CommandError):
+            return code, 0
+        actor, role = principal
+        return self._admin(
+            principal,
+            "delete_dead_letters",
+            DeleteDeadLetters(
+                actor=actor,
+                role=role,
+                reason=reason,
+                job_ids=tuple(job_ids),
+                queue=queue,
+                cause=code,
+            ),
+        )
+
+    def pause_queue(
+        self, principal: Principal, queue: str, reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Stop delivering from `queue` (durable): QueueAdminResult."""
+        actor, role = principal
+        return self._admin(
+            principal, "pause_queue", PauseQueue(actor=actor, role=role, reason=reason, queue=queue)
+        )
+
+    def resume_queue(
+        self, principal: Principal, queue: str, reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Deliver from `queue` again (wakes its parked reserves): QueueAdminResult."""
+        actor, role = principal
+        return self._admin(
+            principal,
+            "resume_queue",
+            ResumeQueue(actor=actor, role=role, reason=reason, queue=queue),
+        )
+
+    def purge_queue(
+        self, principal: Principal, queue: str, reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Delete a chunk of the Ready and Scheduled jobs of `queue`: PurgeResult
+        (repeat while `remaining` > 0)."""
+        actor, role = principal
+        return self._admin(
+            principal, "purge_queue", PurgeQueue(actor=actor, role=role, reason=reason, queue=queue)
+        )
+
+    def put_queue(
+        self,
+        principal: Principal,
+        queue: str,
+        overrides: dict[str, int | str],
+        reason: str | None = None,
+    ) -> tuple[Decision | CommandError, int]:
+        """Create or update a runtime queue definition: PutQueueResult."""
+        actor, role = principal
+        return self._admin(
+            principal,
+            "put_queue",
+            PutQueue(actor=actor, role=role, reason=reason, queue=queue, overrides=dict(overrides)),
+        )
+
+    def delete_queue(
+        self, principal: Principal, queue: str, reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Remove a runtime queue definition (QueueInUse while jobs are in
+        flight): DeleteQueueResult."""
+        actor, role = principal
+        return self._admin(
+            principal,
+            "delete_queue",
+            DeleteQueue(actor=actor, role=role, reason=reason, queue=queue),
+        )
+
     # -- reads ---------------------------------------------------------------------------------
 
     def health(self) -> Health:
@@ -768,6 +1081,19 @@ class SeppService:
         except StorageFailed:
             return
         self._schedule_sweep()
+
+
+_CAUSE_CODES = {name: code for code, name in CAUSE_NAMES.items()}
+
+
+def _cause_code(cause: str | None) -> int | CommandError | None:
+    """The code of a dead-letter cause name (None: any cause)."""
+    if cause is None:
+        return None
+    code = _CAUSE_CODES.get(cause)
+    if code is None:
+        return InvalidArgument(f"cause must be one of {sorted(_CAUSE_CODES)}")
+    return code
 
 
 def _refuse_after(error: BaseException | None, sink: ReserveSink, refusal: CommandError) -> None:
