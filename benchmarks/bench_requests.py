@@ -91,6 +91,7 @@ async def measure(requests: int, cycles: int, connections: int) -> dict[str, tup
         overrides={
             ("server", "data_dir"): data_dir,
             ("server", "listen_addr"): "127.0.0.1:0",
+            ("admin", "listen_addr"): "off",
             ("storage", "persist_mode"): "buffer",
             # CPU per request is measured, not back-pressure: a slow periodic sync
             # (the flushing thread holds the log while it runs) must not make the

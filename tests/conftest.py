@@ -110,6 +110,9 @@ class ServerProcess:
     def start(self, timeout: float = 30.0) -> ServerProcess:
         env = dict(os.environ)
         env.pop("SEPP_CONFIG", None)
+        # No admin listener unless the test asks for one (--admin-listen wins over
+        # the environment): its default port 9465 is one per machine.
+        env.setdefault("SEPP_ADMIN__LISTEN_ADDR", "off")
         env.update(self.env or {})
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(

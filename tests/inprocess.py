@@ -25,6 +25,8 @@ def in_process_config(**env: str) -> ServerConfig:
     """The defaults on 127.0.0.1:0 and DATA_DIR; `env` as SEPP_* variables
     (``storage__persist_mode="buffer"`` is ``SEPP_STORAGE__PERSIST_MODE``)."""
     environment = {f"SEPP_{name.upper()}": value for name, value in env.items()}
+    # No admin listener unless asked for (admin__listen_addr="127.0.0.1:0").
+    environment.setdefault("SEPP_ADMIN__LISTEN_ADDR", "off")
     return load_config(
         None,
         env=environment,

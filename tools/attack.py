@@ -300,6 +300,8 @@ class Server:
                     self.config_path,
                     "--listen",
                     "127.0.0.1:0",
+                    "--admin-listen",
+                    "off",
                     "--data-dir",
                     self.data_dir,
                 ],

@@ -153,6 +153,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 # predicts every default nack's delay exactly with the reference model's formula.
 RETRY_POLICY = QueuePolicy(retry_delay_ms=40, retry_backoff="exponential", retry_delay_max_ms=400)
 BASE_ENV = {
+    # No admin listener: its default port (9465) is one per machine.
+    "SEPP_ADMIN__LISTEN_ADDR": "off",
     "SEPP_LIMITS__RETRY_DELAY_MS": str(RETRY_POLICY.retry_delay_ms),
     "SEPP_LIMITS__RETRY_BACKOFF": RETRY_POLICY.retry_backoff,
     "SEPP_LIMITS__RETRY_DELAY_MAX_MS": str(RETRY_POLICY.retry_delay_max_ms),

@@ -1,7 +1,7 @@
 """The `sepp` command: run the server, print the example config, and operate a
 running server.
 
-    sepp serve [--config FILE] [--data-dir DIR] [--listen HOST:PORT]
+    sepp serve [--config FILE] [--data-dir DIR] [--listen HOST:PORT] [--admin-listen HOST:PORT]
                [--persist-mode sync_all|sync_data|buffer] [--api-keys-file FILE]
     sepp config example
     sepp info | stats | enqueue QUEUE JOB_TYPE [...] | dead-letters drain [--queue Q]
@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {
         ("server", "data_dir"): args.data_dir,
         ("server", "listen_addr"): args.listen,
+        ("admin", "listen_addr"): args.admin_listen,
         ("storage", "persist_mode"): args.persist_mode,
         ("auth", "api_keys_file"): args.api_keys_file,
     }
@@ -76,6 +77,10 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, server.request_shutdown)
         shown = f"[{host}]" if ":" in host else host
         print(f"sepp listening on {shown}:{port}", flush=True)
+        if server.admin_address is not None:
+            admin_host, admin_port = server.admin_address
+            admin_shown = f"[{admin_host}]" if ":" in admin_host else admin_host
+            print(f"sepp admin on http://{admin_shown}:{admin_port}", flush=True)
         return await server.wait_stopped()
 
     try:
@@ -103,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", help="data directory (default ./sepp-data)")
     serve.add_argument(
         "--listen", help="HOST:PORT to listen on (default 127.0.0.1:7463; port 0 = any)"
+    )
+    serve.add_argument(
+        "--admin-listen",
+        metavar="HOST:PORT",
+        help="the admin HTTP listener (/metrics, /livez, /readyz): default 127.0.0.1:9465; "
+        'port 0 = any; "off" = none',
     )
     serve.add_argument("--persist-mode", choices=PERSIST_MODES, help="default sync_all")
     serve.add_argument(

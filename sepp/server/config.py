@@ -14,6 +14,7 @@ explicit path that does not exist is an error. Environment: `SEPP_<SECTION>__<KE
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import ssl
 import tomllib
@@ -35,6 +36,9 @@ from sepp.server.pipeline import SYNC_METHODS
 from sepp.storage import PERSIST_MODES, StorageOptions
 
 DEFAULT_LISTEN = "127.0.0.1:7463"
+DEFAULT_ADMIN_LISTEN = "127.0.0.1:9465"
+# [admin] listen_addr values that turn the admin listener off.
+ADMIN_OFF = ("off",)
 DEFAULT_DATA_DIR = "./sepp-data"
 DEFAULT_CONFIG_FILE = "sepp.toml"
 ENV_PREFIX = "SEPP_"
@@ -202,6 +206,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "snapshots_kept": Key("int", 2, "", 1),
         "buffer_flush_interval_ms": Key("int", 1000, "buffer mode: loss window on an OS crash", 1),
     },
+    "admin": {
+        "listen_addr": Key(
+            "str",
+            DEFAULT_ADMIN_LISTEN,
+            'host:port of the admin HTTP listener (/metrics, /livez, /readyz); "off" = none; '
+            "a non-loopback address needs admin keys",
+        ),
+    },
     "logging": {
         "level": Key(
             "str",
@@ -248,6 +260,14 @@ class ServerConfig:
     @property
     def listen(self) -> tuple[str, int]:
         return parse_listen(self.get("server", "listen_addr"))
+
+    @property
+    def admin_listen(self) -> tuple[str, int] | None:
+        """The admin listener's (host, port), or None when it is off."""
+        value = self.get("admin", "listen_addr").strip()
+        if value.lower() in ADMIN_OFF:
+            return None
+        return parse_listen(value, "admin.listen_addr")
 
     @property
     def api_keys(self) -> list[ApiKey] | None:
@@ -298,18 +318,28 @@ class ServerConfig:
         )
 
 
-def parse_listen(value: str) -> tuple[str, int]:
+def parse_listen(value: str, key: str = "server.listen_addr") -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not host:
-        raise ConfigError("server.listen_addr", f"expected HOST:PORT, got {value!r}")
+        raise ConfigError(key, f"expected HOST:PORT, got {value!r}")
     host = host.strip("[]")
     try:
         port_number = int(port)
     except ValueError:
-        raise ConfigError("server.listen_addr", f"port {port!r} is not a number") from None
+        raise ConfigError(key, f"port {port!r} is not a number") from None
     if not 0 <= port_number <= 65535:
-        raise ConfigError("server.listen_addr", f"port {port_number} is out of range")
+        raise ConfigError(key, f"port {port_number} is out of range")
     return host, port_number
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a loopback address (127.0.0.0/8, ::1) or "localhost"."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: may resolve to anything
 
 
 # -- coercion and validation ---------------------------------------------------
@@ -533,6 +563,16 @@ def _cross_validate(config: ServerConfig) -> None:
             "server.tls_key_path", "tls_cert_path and tls_key_path must be set together"
         )
     parse_listen(server["listen_addr"])
+    admin = config.admin_listen
+    if admin is not None and not is_loopback_host(admin[0]):
+        # Issue 15 item 4: an admin listener others can reach is never open. Admin
+        # keys ([admin] keys) are not configurable yet, so only loopback is allowed.
+        raise ConfigError(
+            "admin.listen_addr",
+            f"{admin[0]} is not a loopback address, and a non-loopback admin listener "
+            "needs admin keys (none are configured): listen on 127.0.0.1 or set it to "
+            '"off"',
+        )
     limits = config.values["limits"]
     if limits["max_queue_name_bytes"] > 65535:
         raise ConfigError("limits.max_queue_name_bytes", "must be at most 65535")

@@ -185,6 +185,10 @@ class SeppServer:
         self.sync_method = "thread"  # resolved in start()
         self.connections: set[ClientConnection] = set()
         self.address: tuple[str, int] | None = None
+        # The admin HTTP listener (sepp/admin) and its bound address; None when
+        # [admin] listen_addr is "off".
+        self.admin: Any = None
+        self.admin_address: tuple[str, int] | None = None
         self.exit_code = EXIT_OK
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -382,6 +386,21 @@ class SeppServer:
             running_build(),
             loop_kind(self._loop),
         )
+        admin_listen = self.config.admin_listen
+        if admin_listen is not None:
+            from sepp.admin.app import AdminListener
+
+            self.admin = AdminListener(self.service)
+            try:
+                self.admin_address = await self.admin.start(*admin_listen)
+            except OSError:
+                # The native listener is up: close it, or the caller's refusal to
+                # start would leave a half-started server behind.
+                self._server.close()
+                self.service.stop()
+                await self.pipeline.stop()
+                engine.close()
+                raise
         return self.address
 
     def _tls_context(self) -> ssl.SSLContext | None:
@@ -436,6 +455,9 @@ class SeppServer:
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()
+        if self.admin is not None:
+            # Last: /readyz answered 503 while shutdown ran.
+            await self.admin.stop()
         if self.storage_failure is not None:
             self.exit_code = EXIT_STORAGE_FAILED
         log.info("stopped (exit code %d)", self.exit_code)

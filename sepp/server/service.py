@@ -86,6 +86,7 @@ from sepp.core.results import (
 from sepp.server.admission import WaitList
 from sepp.server.config import ServerConfig
 from sepp.server.ids import JobIds
+from sepp.server.metrics import ServerMetrics
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
 from sepp.storage import Engine, StorageFailed
 
@@ -319,6 +320,8 @@ class SeppService:
         self.core_config = config.core_config()
         self.clock = clock
         self.ids = JobIds()
+        # The live path's counters (metrics.py), rendered by the admin front.
+        self.metrics = ServerMetrics()
         self.engine: Engine | None = None
         self.pipeline: CommitPipeline | None = None
         self.stopping = False
@@ -348,6 +351,8 @@ class SeppService:
         self.engine = engine
         self.pipeline = pipeline
         self._loop = loop
+        # Counted from here on: the live path, never recovery's replay.
+        engine.observer = self.metrics.observe
         self._schedule_sweep()
 
     def stop(self) -> None:
@@ -398,6 +403,7 @@ class SeppService:
         pipeline = self.pipeline
         assert pipeline is not None
         decision, barrier = pipeline.execute(command)
+        self.metrics.count_decision(pipeline.engine.state, command, decision)
         if type(decision) is Decision and decision.events:
             if decision.woken:
                 self._wake(decision.woken)

@@ -179,6 +179,12 @@ class Engine:
             mode = SNAPSHOT_FORK if fs.supports_fork and hasattr(os, "fork") else SNAPSHOT_INLINE
         self.snapshot_mode = mode
         self.stats = {"flushes": 0, "records": 0, "bytes": 0, "snapshots": 0}
+        # How long the last published snapshot took, start to publish (0: none yet).
+        self.snapshot_duration_s = 0.0
+        # Called with (state, events) of each decided command just before they
+        # are applied, on the live path only (never on replay): the server's
+        # metrics count there (sepp/server/metrics.py).
+        self.observer: Callable[[State, tuple[Any, ...]], None] | None = None
         self._dir_lock: int | None = None
 
     # -- opening -------------------------------------------------------------
@@ -278,6 +284,9 @@ class Engine:
             # copied on the event loop: the batch's write takes them as parts.
             parts = [encode_record_header_parts(seq, RECORD_KIND_COMMAND, body), *body]
             record_bytes = sum(map(len, parts))
+        observer = self.observer
+        if observer is not None:
+            observer(state, events)
         try:
             if time_ms > state.clock_ms:
                 state.clock_ms = time_ms
@@ -508,6 +517,7 @@ class Engine:
             self._hook("snapshot.published")
             self.snapshot_seq = seq
             self.stats["snapshots"] += 1
+            self.snapshot_duration_s = time.monotonic() - self._snapshot_started
             log.info(
                 "snapshot at seq %d published in %.2fs",
                 seq,

@@ -22,6 +22,8 @@ CLI = [sys.executable, "-m", "sepp.server.cli"]
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without any sepp setting, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEPP_")}
+    # No admin listener (its default port 9465 is one per machine) unless asked for.
+    env["SEPP_ADMIN__LISTEN_ADDR"] = "off"
     env.update(extra)
     return env
 

@@ -238,7 +238,11 @@ async def _serve_and_ask_health(data_dir: Path) -> tuple[dict[str, Any], int]:
     config = load_config(
         None,
         env={"SEPP_STORAGE__LOG_RETENTION_MS": str(10**13), "SEPP_STORAGE__SNAPSHOTS_KEPT": "10"},
-        overrides={("server", "data_dir"): str(data_dir), ("server", "listen_addr"): "127.0.0.1:0"},
+        overrides={
+            ("server", "data_dir"): str(data_dir),
+            ("server", "listen_addr"): "127.0.0.1:0",
+            ("admin", "listen_addr"): "off",
+        },
     )
     server = SeppServer(config)
     await server.start()

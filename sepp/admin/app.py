@@ -1,0 +1,99 @@
+"""The admin HTTP listener: an aiohttp app in the server's own event loop.
+
+Owns: `AdminListener` (bind, start, stop) and the routes that need no auth:
+- `GET /livez`: 200 while the process answers;
+- `GET /readyz`: 200 once recovery is done and while serving; 503 (with the
+  reason as text) once shutdown began or storage failed. The listener starts
+  after recovery, so during recovery nothing listens (a refused connection, which
+  a probe treats like a 503);
+- `GET /metrics`: Prometheus text (metrics.py), read at scrape time.
+
+Promises: a request never waits for storage or for the commit pipeline; the
+listener closes at the end of shutdown, so /readyz answers 503 while it runs.
+Started only by SeppServer.start when [admin] listen_addr is not "off"; a
+non-loopback address without admin keys never gets here (config.py refuses it).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from aiohttp import web
+
+from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
+from sepp.server.service import SeppService
+
+log = logging.getLogger("sepp.admin")
+
+
+def build_app(service: SeppService) -> web.Application:
+    registry = metrics_registry(service)
+
+    async def livez(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if service.engine is None:
+            return web.Response(status=503, text="recovering\n")
+        health = service.health()
+        if not health.serving:
+            return web.Response(status=503, text=f"{health.reason}\n")
+        return web.Response(text="ready\n")
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = render_metrics(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 = any free port."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class AdminListener:
+    """The admin app on one address, in the running loop."""
+
+    def __init__(self, service: SeppService) -> None:
+        self.service = service
+        self.address: tuple[str, int] | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Listen; returns the bound (host, port). Raises OSError."""
+        sock = bind_socket(host, port)
+        runner = web.AppRunner(build_app(self.service), access_log=None, handle_signals=False)
+        try:
+            await runner.setup()
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            await runner.cleanup()
+            sock.close()
+            raise
+        self._runner = runner
+        bound = sock.getsockname()
+        self.address = (bound[0], bound[1])
+        log.info("admin listening on %s:%d", *self.address)
+        return self.address
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()

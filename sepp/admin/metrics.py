@@ -1,0 +1,190 @@
+"""/metrics: the service's counters and the state's gauges in Prometheus' text format.
+
+Owns: `SeppCollector`, a prometheus_client collector that reads everything at
+scrape time (the counters the live path keeps in `ServerMetrics`, the queue
+gauges from the state, the log and snapshot figures from the engine), and
+`render_metrics`, which adds the process metrics (ProcessCollector).
+
+Promises: nothing here runs on the request path; a scrape reads plain numbers on
+the loop thread, O(queues) work, and never waits for storage. Labels are bounded:
+`queue` by `ServerMetrics.queue_label` (the first QUEUE_LABELS_MAX queues, then
+"_other"), `cause`, `reason`, `state` and `type` by the code's own names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sepp.server.service import SeppService
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+QUEUE_STATES = ("ready", "scheduled", "inflight", "dead_letter")
+
+
+def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class SeppCollector(Collector):
+    def __init__(self, service: SeppService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        service = self.service
+        m = service.metrics
+        enqueued = CounterMetricFamily(
+            "sepp_jobs_enqueued", "Jobs stored by enqueues since start.", labels=["queue"]
+        )
+        for queue, count in sorted(m.enqueued.items()):
+            enqueued.add_metric([queue], count)
+        yield enqueued
+        yield _counter("sepp_jobs_reserved", "Jobs leased by reserves since start.", m.reserved)
+        yield _counter("sepp_jobs_acked", "Jobs acknowledged since start.", m.acked)
+        yield _counter(
+            "sepp_jobs_nacked",
+            "Nacks that returned the job for a retry (one that ended it: dead_lettered).",
+            m.nacked,
+        )
+        dead = CounterMetricFamily(
+            "sepp_jobs_dead_lettered",
+            "Jobs dead-lettered since start, by cause.",
+            labels=["queue", "cause"],
+        )
+        for (queue, cause), count in sorted(m.dead_lettered.items()):
+            dead.add_metric([queue, cause], count)
+        yield dead
+        yield _counter(
+            "sepp_jobs_deduplicated",
+            "Enqueued jobs answered with an earlier job of the same idempotency key.",
+            m.deduplicated,
+        )
+        rejected = CounterMetricFamily(
+            "sepp_jobs_rejected",
+            "Jobs of enqueues refused by the core, by reason.",
+            labels=["queue", "reason"],
+        )
+        for (queue, reason), count in sorted(m.rejected.items()):
+            rejected.add_metric([queue, reason], count)
+        yield rejected
+        yield _counter("sepp_reserve_empty", "Reserve commands that found no job.", m.reserve_empty)
+        yield _counter(
+            "sepp_jobs_promoted", "Scheduled jobs the sweep made ready since start.", m.promoted
+        )
+        yield _counter(
+            "sepp_lease_expirations",
+            "Leases that expired (the job redelivered or dead-lettered) since start.",
+            m.lease_expired,
+        )
+        yield _counter(
+            "sepp_dedup_expirations", "Idempotency keys whose window ended.", m.dedup_expired
+        )
+        yield _counter(
+            "sepp_dead_letters_expired",
+            "Dead letters removed by dead_letter_retention_ms.",
+            m.dead_letters_expired,
+        )
+        yield _counter(
+            "sepp_dead_letters_drained", "Dead letters removed by drains.", m.dead_letters_drained
+        )
+        events = CounterMetricFamily(
+            "sepp_log_events", "Events logged since start, by type.", labels=["type"]
+        )
+        for kind, count in sorted(m.events.items()):
+            events.add_metric([kind], count)
+        yield events
+
+        ready = GaugeMetricFamily(
+            "sepp_ready", "1 while the server serves (recovery done, not stopping, storage ok)."
+        )
+        ready.add_metric([], 1 if service.engine is not None and service.health().serving else 0)
+        yield ready
+        engine = service.engine
+        if engine is None:
+            return
+        yield from self._queues(service)
+        pipeline = service.pipeline
+        depth = GaugeMetricFamily(
+            "sepp_command_queue_depth", "Commands waiting for their record to be durable."
+        )
+        depth.add_metric([], pipeline.backlog if pipeline is not None else 0)
+        yield depth
+        segments = engine.segments
+        wal_bytes = GaugeMetricFamily("sepp_wal_bytes", "Bytes of the log's segment files.")
+        wal_bytes.add_metric([], sum(segment.size for segment in segments))
+        yield wal_bytes
+        wal_segments = GaugeMetricFamily("sepp_wal_segments", "Log segment files.")
+        wal_segments.add_metric([], len(segments))
+        yield wal_segments
+        stats = engine.stats
+        yield _counter("sepp_log_records", "Log records written since start.", stats["records"])
+        yield _counter(
+            "sepp_log_group_commits",
+            "Group commits (log writes) since start; records / commits is the batch size.",
+            stats["flushes"],
+        )
+        yield _counter("sepp_log_written_bytes", "Log bytes written since start.", stats["bytes"])
+        seq = GaugeMetricFamily(
+            "sepp_snapshot_last_seq", "Sequence number of the newest snapshot (0: none)."
+        )
+        seq.add_metric([], engine.snapshot_seq)
+        yield seq
+        duration = GaugeMetricFamily(
+            "sepp_snapshot_last_duration_seconds",
+            "How long the last snapshot published since start took (0: none yet).",
+        )
+        duration.add_metric([], engine.snapshot_duration_s)
+        yield duration
+
+    def _queues(self, service: SeppService) -> Iterator[GaugeMetricFamily]:
+        engine = service.engine
+        assert engine is not None
+        state = engine.state
+        label = service.metrics.queue_label
+        now = service.now_ms()
+        counts: dict[str, list[int]] = {}
+        oldest: dict[str, int] = {}
+        for name, q in state.queues.items():
+            key = label(name)
+            row = counts.get(key)
+            if row is None:
+                row = counts[key] = [0, 0, 0, 0]
+            row[0] += q.ready_count
+            row[1] += q.scheduled_count
+            row[2] += q.in_flight_count
+            row[3] += len(q.dead)
+            enqueued_at = state.oldest_ready_enqueued_at(name)
+            age = 0 if enqueued_at is None else max(0, now - enqueued_at)
+            if age >= oldest.get(key, 0):
+                oldest[key] = age
+        jobs = GaugeMetricFamily(
+            "sepp_queue_jobs", "Jobs of a queue by state.", labels=["queue", "state"]
+        )
+        ages = GaugeMetricFamily(
+            "sepp_queue_oldest_ready_age_seconds",
+            "Age of the queue's oldest ready job (0 when none is ready).",
+            labels=["queue"],
+        )
+        for key in sorted(counts):
+            for state_name, value in zip(QUEUE_STATES, counts[key]):
+                jobs.add_metric([key, state_name], value)
+            ages.add_metric([key], oldest[key] / 1000)
+        yield jobs
+        yield ages
+
+
+def metrics_registry(service: SeppService) -> CollectorRegistry:
+    """A registry of its own (not the process-global one): sepp's collector and
+    the process metrics (process_cpu_seconds_total, process_resident_memory_bytes,
+    open fds...)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SeppCollector(service))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def render_metrics(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
