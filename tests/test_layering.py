@@ -87,7 +87,14 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # The admin HTTP front: a thin adapter over the service layer (and the counters
     # it keeps), like every front; never storage, the native wire or the client.
     "sepp/admin": (
-        ("sepp.admin", "sepp.server.service", "sepp.server.metrics", "sepp.core", "sepp._version"),
+        (
+            "sepp.admin",
+            "sepp.server.service",
+            "sepp.server.metrics",
+            "sepp.server.pipeline",
+            "sepp.core",
+            "sepp._version",
+        ),
         (
             "tools",
             "log_format",

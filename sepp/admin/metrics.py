@@ -16,9 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
+from sepp.server.pipeline import GROUP_COMMIT_RECORDS_BUCKETS
 from sepp.server.service import SeppService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -33,7 +38,9 @@ class SeppCollector(Collector):
     def __init__(self, service: SeppService) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(
+        self,
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         service = self.service
         m = service.metrics
         enqueued = CounterMetricFamily(
@@ -112,6 +119,20 @@ class SeppCollector(Collector):
         )
         depth.add_metric([], pipeline.backlog if pipeline is not None else 0)
         yield depth
+        if pipeline is not None:
+            histogram = pipeline.group_commit_records
+            buckets: list[tuple[str, float]] = []
+            cumulative = 0
+            for bound, count in zip(GROUP_COMMIT_RECORDS_BUCKETS, histogram.counts):
+                cumulative += count
+                buckets.append((str(bound), cumulative))
+            buckets.append(("+Inf", histogram.commits))
+            yield HistogramMetricFamily(
+                "sepp_group_commit_records",
+                "Records per group commit made durable since start.",
+                buckets=buckets,
+                sum_value=histogram.total,
+            )
         segments = engine.segments
         wal_bytes = GaugeMetricFamily("sepp_wal_bytes", "Bytes of the log's segment files.")
         wal_bytes.add_metric([], sum(segment.size for segment in segments))

@@ -53,8 +53,35 @@ WAKE_EVERY = 64
 WRITE_OFF_LOOP_BYTES_MIN = 1 << 20
 
 
+# Upper bounds of the buckets of records per group commit (sepp_group_commit_records).
+GROUP_COMMIT_RECORDS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class GroupCommitRecords:
+    """A histogram of records per group commit that became durable (loop thread
+    only): `counts[i]` commits of at most GROUP_COMMIT_RECORDS_BUCKETS[i] records
+    (not cumulative; the last entry is above every bound), `total` records."""
+
+    __slots__ = ("commits", "counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(GROUP_COMMIT_RECORDS_BUCKETS) + 1)
+        self.commits = 0
+        self.total = 0
+
+    def observe(self, records: int) -> None:
+        self.commits += 1
+        self.total += records
+        index = 0
+        for bound in GROUP_COMMIT_RECORDS_BUCKETS:
+            if records <= bound:
+                break
+            index += 1
+        self.counts[index] += 1
 
 
 class CommitPipeline:
@@ -82,6 +109,9 @@ class CommitPipeline:
         self._unwoken = 0  # commands waiting since the flusher was last woken
         self.failure: BaseException | None = None
         self._on_failure = on_failure
+        # Records per group commit since start (the metrics read it).
+        self.group_commit_records = GroupCommitRecords()
+        self._released_seq = engine.durable_seq
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -209,6 +239,10 @@ class CommitPipeline:
     # -- completions (loop thread) -------------------------------------------------
 
     def _release(self, seq: int) -> None:
+        records = seq - self._released_seq
+        if records > 0:
+            self._released_seq = seq
+            self.group_commit_records.observe(records)
         waiters = self._waiters
         while waiters and waiters[0][0] <= seq:
             _, callback, args = waiters.popleft()

@@ -139,6 +139,13 @@ async def test_metrics_counters_equal_what_was_done():
     assert value("sepp_wal_segments") >= 1
     assert value("sepp_wal_bytes") > 0
     assert value("sepp_log_records_total") >= 1
+    # Every record logged since start was made durable by some group commit.
+    records = value("sepp_log_records_total")
+    assert value("sepp_group_commit_records_sum") == records
+    assert value("sepp_group_commit_records_bucket", le="+Inf") >= 1
+    assert value("sepp_group_commit_records_count") == value(
+        "sepp_group_commit_records_bucket", le="+Inf"
+    )
     assert value("sepp_ready") == 1
     # The process metrics come along.
     assert value("process_resident_memory_bytes") > 0
