@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from sepp._version import __version__
-from sepp.client import _convert, _otel
+from sepp.client import _admin, _convert, _otel
 from sepp.client._coalesce import Call, Coalescer, Outcome
 from sepp.client._connection import Connection, Endpoint, OrphanHandler, Receiver, parse_address
 from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
@@ -68,12 +68,20 @@ from sepp.client.errors import (
     rejection_from_wire,
 )
 from sepp.client.types import (
+    AdminOutcomes,
     DeadLetterRecord,
+    DeleteQueueResult,
     EnqueueAck,
     EnqueueRequest,
     HealthStatus,
     Job,
     JobCtx,
+    JobInfo,
+    JobPage,
+    PurgeResult,
+    PutQueueResult,
+    QueueChange,
+    QueueInfo,
     QueueStats,
     ReserveOptions,
     ServerInfo,
@@ -81,6 +89,7 @@ from sepp.client.types import (
     UndecodableJob,
 )
 from sepp.protocol import OK, PROTOCOL_VERSION, Response
+from sepp.protocol import messages as _messages
 from sepp.protocol.messages import (
     OP_ACK,
     OP_DRAIN_DEAD_LETTERS,
@@ -1192,6 +1201,162 @@ class SeppClient:
             reason=reason if isinstance(reason, str) else None,
             damaged_history=tuple(damaged),
         )
+
+    # -- admin operations (issue 15; PROTOCOL.md 5.14-5.27) -------------------------------
+    #
+    # The connection acts as the principal its API key gives it (PROTOCOL.md 5.14);
+    # refusals raise PermissionDeniedError, QueueNotFoundError, QueueInUseError or
+    # InvalidRequestError (over 1,000 ids, an unknown state or cause, a bad cursor).
+    # Reads are retried like other reads; commands never are.
+
+    async def _admin(self, op: str, body: dict[str, Any], *, read: bool) -> dict[str, Any]:
+        return await self._call(op, body, retry_safe=read)
+
+    async def get_job(self, job_id: str) -> JobInfo | None:
+        """The job `job_id` in any state, or None when the server does not know it
+        (never enqueued, or gone: acked, cancelled, deleted, drained, expired)."""
+        answer = await self._admin(_messages.OP_GET_JOB, {"id": job_id}, read=True)
+        raw = answer.get("job")
+        return None if raw is None else _admin.job_info(raw)
+
+    async def list_jobs(
+        self,
+        queue: str,
+        state: str,
+        *,
+        cursor: str | None = None,
+        limit: int = 100,
+        cause: str | None = None,
+    ) -> JobPage:
+        """A page of the jobs of `queue` in `state` (``"ready"``, ``"scheduled"``,
+        ``"inflight"``, ``"dead_letter"``), in the order they entered it; pass the
+        page's `next_cursor` for the next one. `cause` filters dead letters."""
+        body: dict[str, Any] = {"queue": queue, "state": state, "limit": limit}
+        if cursor is not None:
+            body["cursor"] = cursor
+        if cause is not None:
+            body["cause"] = cause
+        return _admin.job_page(await self._admin(_messages.OP_LIST_JOBS, body, read=True))
+
+    async def list_dead_letters(
+        self, queue: str, *, cause: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> JobPage:
+        """A page of the dead letters of `queue` without consuming them (unlike
+        `drain_dead_letters`); `cause` (``"attempts_exhausted"``, ``"rejected"``,
+        ``"lease_expired"``, ``"admin"``) filters them."""
+        return await self.list_jobs(queue, "dead_letter", cursor=cursor, limit=limit, cause=cause)
+
+    async def list_queues(self) -> list[QueueInfo]:
+        """Every queue the server knows, with counts, pause flag and settings."""
+        answer = await self._admin(_messages.OP_LIST_QUEUES, {}, read=True)
+        queues = answer.get("queues")
+        if not isinstance(queues, list):
+            raise MalformedResponseError("a list_queues answer needs a 'queues' array")
+        return [_admin.queue_info(q) for q in queues]
+
+    async def queue_info(self, queue: str) -> QueueInfo:
+        """One queue's counts and settings (QueueNotFoundError when unknown)."""
+        answer = await self._admin(_messages.OP_QUEUE_INFO, {"queue": queue}, read=True)
+        return _admin.queue_info(answer.get("queue"))
+
+    async def dead_letter_jobs(
+        self, ids: Iterable[str], *, reason: str | None = None
+    ) -> AdminOutcomes:
+        """Dead-letter live ready or scheduled jobs (cause ``admin``), at most
+        1,000 ids a call; a per-id outcome."""
+        body = {"ids": _id_list(ids), "reason": reason}
+        return _admin.admin_outcomes(
+            await self._admin(_messages.OP_DEAD_LETTER_JOBS, body, read=False)
+        )
+
+    async def cancel_jobs(self, ids: Iterable[str], *, reason: str | None = None) -> AdminOutcomes:
+        """Delete live ready or scheduled jobs (no dead letter kept), at most
+        1,000 ids a call; a per-id outcome."""
+        body = {"ids": _id_list(ids), "reason": reason}
+        return _admin.admin_outcomes(await self._admin(_messages.OP_CANCEL_JOBS, body, read=False))
+
+    async def requeue_dead_letters(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        queue: str | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+    ) -> AdminOutcomes:
+        """Put dead letters back as ready jobs (same id, attempt 1): by `ids` (at
+        most 1,000), or by `queue` and / or `cause` in a bounded chunk (call again
+        while `remaining` > 0)."""
+        body = _dead_letters_body(ids, queue, cause, reason)
+        return _admin.admin_outcomes(
+            await self._admin(_messages.OP_REQUEUE_DEAD_LETTERS, body, read=False)
+        )
+
+    async def delete_dead_letters(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        queue: str | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+    ) -> AdminOutcomes:
+        """Delete dead letters, by ids or by filter like `requeue_dead_letters`."""
+        body = _dead_letters_body(ids, queue, cause, reason)
+        return _admin.admin_outcomes(
+            await self._admin(_messages.OP_DELETE_DEAD_LETTERS, body, read=False)
+        )
+
+    async def pause_queue(self, queue: str, *, reason: str | None = None) -> QueueChange:
+        """Stop delivering from `queue` (enqueues still land); durable."""
+        body = {"queue": queue, "reason": reason}
+        return _admin.queue_change(await self._admin(_messages.OP_PAUSE_QUEUE, body, read=False))
+
+    async def resume_queue(self, queue: str, *, reason: str | None = None) -> QueueChange:
+        """Deliver from a paused `queue` again (wakes waiting reserves)."""
+        body = {"queue": queue, "reason": reason}
+        return _admin.queue_change(await self._admin(_messages.OP_RESUME_QUEUE, body, read=False))
+
+    async def purge_queue(self, queue: str, *, reason: str | None = None) -> PurgeResult:
+        """Delete a bounded chunk of the ready and scheduled jobs of `queue`
+        (in-flight jobs untouched); call again while `remaining` > 0."""
+        body = {"queue": queue, "reason": reason}
+        return _admin.purge_result(await self._admin(_messages.OP_PURGE_QUEUE, body, read=False))
+
+    async def put_queue(
+        self,
+        queue: str,
+        overrides: dict[str, int | str] | None = None,
+        *,
+        reason: str | None = None,
+    ) -> PutQueueResult:
+        """Create `queue` at runtime or replace its runtime overrides (they win
+        over the configuration file, key by key); durable."""
+        body = {"queue": queue, "overrides": dict(overrides or {}), "reason": reason}
+        return _admin.put_queue_result(await self._admin(_messages.OP_PUT_QUEUE, body, read=False))
+
+    async def delete_queue(self, queue: str, *, reason: str | None = None) -> DeleteQueueResult:
+        """Remove a runtime queue definition (QueueInUseError while jobs are in
+        flight)."""
+        body = {"queue": queue, "reason": reason}
+        return _admin.delete_queue_result(
+            await self._admin(_messages.OP_DELETE_QUEUE, body, read=False)
+        )
+
+
+def _id_list(ids: Iterable[str]) -> list[str]:
+    if isinstance(ids, str):
+        raise ValueError("ids must be a sequence of job ids, not one string")
+    return list(ids)
+
+
+def _dead_letters_body(
+    ids: Iterable[str] | None, queue: str | None, cause: str | None, reason: str | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"queue": queue, "cause": cause, "reason": reason}
+    if ids is not None:
+        body["ids"] = _id_list(ids)
+    elif queue is None and cause is None:
+        raise ValueError("give ids, or a queue and / or a cause")
+    return body
 
 
 def _deliver(call: Call, result: Any) -> None:

@@ -36,8 +36,10 @@ from sepp.protocol.errors import (
     INTERNAL,
     INVALID_ARGUMENT,
     NOT_FOUND,
+    PERMISSION_DENIED,
     REASON_ATTEMPT_MISMATCH,
     REASON_FRAME_TOO_LARGE,
+    REASON_QUEUE_IN_USE,
     REASON_UNKNOWN_QUEUE,
     RESOURCE_EXHAUSTED,
     UNAUTHENTICATED,
@@ -78,9 +80,12 @@ __all__ = [
     "MessageTooLargeError",
     "OverloadedError",
     "PayloadTooLarge",
+    "PermissionDeniedError",
     "QueueClosing",
     "QueueFull",
+    "QueueInUseError",
     "QueueNameTooLong",
+    "QueueNotFoundError",
     "ReserveError",
     "ScheduledTooFar",
     "SeppError",
@@ -602,6 +607,28 @@ class UndecodableDeadLetterError(SeppError):
         self.undecodable = undecodable
 
 
+class PermissionDeniedError(ClientError):
+    """The connection's role may not do this admin operation (PROTOCOL.md 5.14)."""
+
+
+class QueueNotFoundError(ClientError):
+    """An admin operation named a queue the server does not know. `queue` names
+    it, when the server said."""
+
+    def __init__(self, message: str, queue: str | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+
+
+class QueueInUseError(ClientError):
+    """A queue cannot be deleted now: it has jobs in flight (or more ready and
+    scheduled jobs than one call deletes: purge it first)."""
+
+    def __init__(self, message: str, queue: str | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+
+
 class UnknownQueuesError(ReserveError):
     """Strict mode: a reserve named queues the server does not declare.
     `queues` lists them, when the server said."""
@@ -638,6 +665,13 @@ def error_from_response(op: str, code: str, body: Mapping[str, Any]) -> SeppErro
         queues = body.get("queues")
         names = [q for q in queues if isinstance(q, str)] if isinstance(queues, list) else []
         error = UnknownQueuesError(text, names)
+    elif code == FAILED_PRECONDITION and reason == REASON_QUEUE_IN_USE:
+        queue = body.get("queue")
+        error = QueueInUseError(text, queue if isinstance(queue, str) else None)
+    elif code == NOT_FOUND and isinstance(body.get("queue"), str):
+        error = QueueNotFoundError(text, body["queue"])
+    elif code == PERMISSION_DENIED:
+        error = PermissionDeniedError(text)
     elif code == UNAUTHENTICATED:
         error = UnauthenticatedError(text)
     elif code == RESOURCE_EXHAUSTED and reason == REASON_FRAME_TOO_LARGE:

@@ -44,12 +44,20 @@ from sepp.client.client import (
 )
 from sepp.client.errors import ClientClosedError, JobRejection, SeppError
 from sepp.client.types import (
+    AdminOutcomes,
     DeadLetterRecord,
+    DeleteQueueResult,
     EnqueueAck,
     EnqueueRequest,
     HealthStatus,
     Job,
     JobCtx,
+    JobInfo,
+    JobPage,
+    PurgeResult,
+    PutQueueResult,
+    QueueChange,
+    QueueInfo,
     QueueStats,
     ReserveOptions,
     ServerInfo,
@@ -388,3 +396,89 @@ class SyncSeppClient:
     def health(self) -> HealthStatus:
         """See `SeppClient.health`."""
         return self._run(self._client.health())
+
+    # -- admin operations (issue 15): see the methods of the same name on SeppClient --
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        return self._run(self._client.get_job(job_id))
+
+    def list_jobs(
+        self,
+        queue: str,
+        state: str,
+        *,
+        cursor: str | None = None,
+        limit: int = 100,
+        cause: str | None = None,
+    ) -> JobPage:
+        return self._run(
+            self._client.list_jobs(queue, state, cursor=cursor, limit=limit, cause=cause)
+        )
+
+    def list_dead_letters(
+        self, queue: str, *, cause: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> JobPage:
+        return self._run(
+            self._client.list_dead_letters(queue, cause=cause, cursor=cursor, limit=limit)
+        )
+
+    def list_queues(self) -> list[QueueInfo]:
+        return self._run(self._client.list_queues())
+
+    def queue_info(self, queue: str) -> QueueInfo:
+        return self._run(self._client.queue_info(queue))
+
+    def dead_letter_jobs(self, ids: Iterable[str], *, reason: str | None = None) -> AdminOutcomes:
+        return self._run(self._client.dead_letter_jobs(list(ids), reason=reason))
+
+    def cancel_jobs(self, ids: Iterable[str], *, reason: str | None = None) -> AdminOutcomes:
+        return self._run(self._client.cancel_jobs(list(ids), reason=reason))
+
+    def requeue_dead_letters(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        queue: str | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+    ) -> AdminOutcomes:
+        return self._run(
+            self._client.requeue_dead_letters(
+                None if ids is None else list(ids), queue=queue, cause=cause, reason=reason
+            )
+        )
+
+    def delete_dead_letters(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        queue: str | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+    ) -> AdminOutcomes:
+        return self._run(
+            self._client.delete_dead_letters(
+                None if ids is None else list(ids), queue=queue, cause=cause, reason=reason
+            )
+        )
+
+    def pause_queue(self, queue: str, *, reason: str | None = None) -> QueueChange:
+        return self._run(self._client.pause_queue(queue, reason=reason))
+
+    def resume_queue(self, queue: str, *, reason: str | None = None) -> QueueChange:
+        return self._run(self._client.resume_queue(queue, reason=reason))
+
+    def purge_queue(self, queue: str, *, reason: str | None = None) -> PurgeResult:
+        return self._run(self._client.purge_queue(queue, reason=reason))
+
+    def put_queue(
+        self,
+        queue: str,
+        overrides: dict[str, int | str] | None = None,
+        *,
+        reason: str | None = None,
+    ) -> PutQueueResult:
+        return self._run(self._client.put_queue(queue, overrides, reason=reason))
+
+    def delete_queue(self, queue: str, *, reason: str | None = None) -> DeleteQueueResult:
+        return self._run(self._client.delete_queue(queue, reason=reason))

@@ -23,17 +23,25 @@ if TYPE_CHECKING:
     from sepp.client.client import Lease
 
 __all__ = [
+    "AdminOutcomes",
     "DeadLetterCause",
     "DeadLetterRecord",
+    "DeleteQueueResult",
     "EnqueueAck",
     "EnqueueRequest",
     "HealthStatus",
     "Job",
     "JobCtx",
+    "JobInfo",
+    "JobPage",
     "Payload",
     "Primitive",
     "Priority",
     "PriorityOutOfRangeError",
+    "PurgeResult",
+    "PutQueueResult",
+    "QueueChange",
+    "QueueInfo",
     "QueueStats",
     "ReserveOptions",
     "ServerInfo",
@@ -520,3 +528,108 @@ class HealthStatus:
     status: str
     reason: str | None = None
     damaged_history: tuple[Mapping[str, Any], ...] = ()
+
+
+# -- admin (issue 15; PROTOCOL.md 5.14-5.27) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as an operator sees it, in any state (`SeppClient.get_job`,
+    `list_jobs`). `state` is ``"ready"``, ``"scheduled"``, ``"inflight"`` or
+    ``"dead_letter"``; the fields that do not apply to it are ``None``."""
+
+    job_id: str
+    queue: str
+    job_type: str
+    state: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    enqueued_at: datetime | None
+    scheduled_at: datetime | None
+    run_at: datetime | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    payload: Payload | None
+    idempotency_key: str | None
+    trace_context: TraceContext | None
+    custom: dict[str, Primitive]
+    last_reason: str | None
+    dead_letter_cause: str | None
+    failed_at: datetime | None
+    final_attempt: int | None
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """A page of `list_jobs` / `list_dead_letters`: pass `next_cursor` back for
+    the next one; ``None`` means the listing is complete."""
+
+    jobs: list[JobInfo]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """A queue's counts and effective settings (`list_queues`, `queue_info`);
+    `overrides` are its runtime overrides (`put_queue`), ``None`` when it has none."""
+
+    name: str
+    declared: bool
+    paused: bool
+    ready: int
+    scheduled: int
+    inflight: int
+    dead_letter: int
+    settings: dict[str, Any]
+    overrides: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class AdminOutcomes:
+    """What an admin call did to each job id: ``(job id, outcome)`` pairs,
+    outcome ``"done"``, ``"not_found"`` or ``"wrong_state"``; `remaining`: for a
+    call by filter, how many more match (call again while > 0)."""
+
+    outcomes: list[tuple[str, str]]
+    remaining: int
+
+    @property
+    def done(self) -> list[str]:
+        return [job_id for job_id, outcome in self.outcomes if outcome == "done"]
+
+
+@dataclass(frozen=True)
+class QueueChange:
+    """The answer of `pause_queue` / `resume_queue`: `changed` is False when the
+    queue already was so."""
+
+    queue: str
+    paused: bool
+    changed: bool
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    queue: str
+    purged: int
+    # Ready + Scheduled jobs still in the queue (purge again while > 0).
+    remaining: int
+
+
+@dataclass(frozen=True)
+class PutQueueResult:
+    queue: str
+    created: bool
+    changed: bool
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteQueueResult:
+    queue: str
+    # Ready and Scheduled jobs deleted with it.
+    cancelled: int
+    # The configuration file declares it: only its runtime overrides were removed.
+    declared_by_file: bool

@@ -15,6 +15,7 @@ INVALID_ARGUMENT = "invalid_argument"
 NOT_FOUND = "not_found"
 FAILED_PRECONDITION = "failed_precondition"
 UNAUTHENTICATED = "unauthenticated"
+PERMISSION_DENIED = "permission_denied"
 RESOURCE_EXHAUSTED = "resource_exhausted"
 UNAVAILABLE = "unavailable"
 INTERNAL = "internal"
@@ -24,6 +25,7 @@ ERROR_CODES = (
     NOT_FOUND,
     FAILED_PRECONDITION,
     UNAUTHENTICATED,
+    PERMISSION_DENIED,
     RESOURCE_EXHAUSTED,
     UNAVAILABLE,
     INTERNAL,
@@ -36,6 +38,7 @@ RETRYABLE_CODES = frozenset({RESOURCE_EXHAUSTED, UNAVAILABLE})
 # Detail reasons carried next to a code, where one code covers several cases.
 REASON_ATTEMPT_MISMATCH = "attempt_mismatch"
 REASON_UNKNOWN_QUEUE = "unknown_queue"
+REASON_QUEUE_IN_USE = "queue_in_use"
 REASON_FRAME_TOO_LARGE = "frame_too_large"
 REASON_OVERLOADED = "overloaded"
 REASON_SHUTTING_DOWN = "shutting_down"

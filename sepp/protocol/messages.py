@@ -44,6 +44,38 @@ OP_QUEUE_STATS = "queue_stats"
 OP_RELEASE = "release"
 OP_WITHDRAW = "withdraw"
 OP_SETTLE = "settle"
+# Admin operations (issue 15, PROTOCOL.md 5.14-5.27).
+OP_GET_JOB = "get_job"
+OP_LIST_JOBS = "list_jobs"
+OP_LIST_QUEUES = "list_queues"
+OP_QUEUE_INFO = "queue_info"
+OP_DEAD_LETTER_JOBS = "dead_letter_jobs"
+OP_CANCEL_JOBS = "cancel_jobs"
+OP_REQUEUE_DEAD_LETTERS = "requeue_dead_letters"
+OP_DELETE_DEAD_LETTERS = "delete_dead_letters"
+OP_PAUSE_QUEUE = "pause_queue"
+OP_RESUME_QUEUE = "resume_queue"
+OP_PURGE_QUEUE = "purge_queue"
+OP_PUT_QUEUE = "put_queue"
+OP_DELETE_QUEUE = "delete_queue"
+ADMIN_OPS = (
+    OP_GET_JOB,
+    OP_LIST_JOBS,
+    OP_LIST_QUEUES,
+    OP_QUEUE_INFO,
+    OP_DEAD_LETTER_JOBS,
+    OP_CANCEL_JOBS,
+    OP_REQUEUE_DEAD_LETTERS,
+    OP_DELETE_DEAD_LETTERS,
+    OP_PAUSE_QUEUE,
+    OP_RESUME_QUEUE,
+    OP_PURGE_QUEUE,
+    OP_PUT_QUEUE,
+    OP_DELETE_QUEUE,
+)
+# The most job ids one admin call may name (the core's ADMIN_IDS_PER_CALL_MAX;
+# over it the whole call is refused with invalid_argument).
+MAX_ADMIN_IDS = 1000
 OPS = (
     OP_HELLO,
     OP_HEALTH,
@@ -58,6 +90,7 @@ OPS = (
     OP_RELEASE,
     OP_WITHDRAW,
     OP_SETTLE,
+    *ADMIN_OPS,
 )
 
 # The kinds of item a `settle` carries (PROTOCOL.md 5.13): each is the body of
@@ -563,6 +596,98 @@ def parse_queue_stats(body: dict[str, Any]) -> QueueStatsBody:
     return QueueStatsBody(Fields(body).str_list("queues"))
 
 
+# -- admin operation bodies (issue 15) ---------------------------------------------
+
+
+class GetJobBody(NamedTuple):
+    job_id: str
+
+
+def parse_get_job(body: dict[str, Any]) -> GetJobBody:
+    return GetJobBody(Fields(body).text("id"))
+
+
+class ListJobsBody(NamedTuple):
+    queue: str
+    state: str
+    cursor: str | None
+    limit: int | None
+    cause: str | None
+
+
+def parse_list_jobs(body: dict[str, Any]) -> ListJobsBody:
+    f = Fields(body)
+    return ListJobsBody(
+        f.text("queue"),
+        f.text("state"),
+        f.opt_str("cursor"),
+        f.opt_int("limit"),
+        f.opt_str("cause"),
+    )
+
+
+class QueueBody(NamedTuple):
+    """queue_info, pause_queue, resume_queue, purge_queue, delete_queue."""
+
+    queue: str
+    reason: str | None
+
+
+def parse_queue(body: dict[str, Any]) -> QueueBody:
+    f = Fields(body)
+    return QueueBody(f.text("queue"), f.opt_str("reason"))
+
+
+class JobIdsBody(NamedTuple):
+    """dead_letter_jobs, cancel_jobs."""
+
+    job_ids: list[str]
+    reason: str | None
+
+
+def parse_job_ids(body: dict[str, Any]) -> JobIdsBody:
+    f = Fields(body)
+    return JobIdsBody(f.str_list("ids"), f.opt_str("reason"))
+
+
+class DeadLettersBody(NamedTuple):
+    """requeue_dead_letters, delete_dead_letters: by `ids`, or by `queue` and /
+    or `cause` when `ids` is absent."""
+
+    job_ids: list[str]
+    queue: str | None
+    cause: str | None
+    reason: str | None
+
+
+def parse_dead_letters(body: dict[str, Any]) -> DeadLettersBody:
+    f = Fields(body)
+    ids = [] if body.get("ids") is None else f.str_list("ids")
+    return DeadLettersBody(ids, f.opt_str("queue"), f.opt_str("cause"), f.opt_str("reason"))
+
+
+class PutQueueBody(NamedTuple):
+    queue: str
+    overrides: dict[str, int | str]
+    reason: str | None
+
+
+def parse_put_queue(body: dict[str, Any]) -> PutQueueBody:
+    f = Fields(body)
+    raw = body.get("overrides")
+    overrides: dict[str, int | str] = {}
+    if raw is not None:
+        if type(raw) is not dict:
+            raise ProtocolError("overrides must be a map")
+        for key, value in raw.items():
+            if type(key) is not str:
+                raise ProtocolError("overrides keys must be strings")
+            if not (type(value) is str or (type(value) is int and INT64_MIN <= value <= INT64_MAX)):
+                raise ProtocolError(f"overrides.{key} must be a 64-bit integer or a string")
+            overrides[key] = value
+    return PutQueueBody(f.text("queue"), overrides, f.opt_str("reason"))
+
+
 PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     OP_HELLO: parse_hello,
     OP_ENQUEUE: parse_enqueue,
@@ -577,6 +702,19 @@ PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     OP_SETTLE: parse_settle,
     OP_SERVER_INFO: lambda body: None,
     OP_HEALTH: lambda body: None,
+    OP_GET_JOB: parse_get_job,
+    OP_LIST_JOBS: parse_list_jobs,
+    OP_LIST_QUEUES: lambda body: None,
+    OP_QUEUE_INFO: parse_queue,
+    OP_DEAD_LETTER_JOBS: parse_job_ids,
+    OP_CANCEL_JOBS: parse_job_ids,
+    OP_REQUEUE_DEAD_LETTERS: parse_dead_letters,
+    OP_DELETE_DEAD_LETTERS: parse_dead_letters,
+    OP_PAUSE_QUEUE: parse_queue,
+    OP_RESUME_QUEUE: parse_queue,
+    OP_PURGE_QUEUE: parse_queue,
+    OP_PUT_QUEUE: parse_put_queue,
+    OP_DELETE_QUEUE: parse_queue,
 }
 
 

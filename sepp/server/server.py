@@ -64,7 +64,7 @@ from sepp.core.results import (
 from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FrameReader, encode_frame
-from sepp.server import admission, gcpolicy
+from sepp.server import admission, gcpolicy, native_admin
 from sepp.server.admission import RateLimitedLog
 from sepp.server.config import ServerConfig, load_tls_context
 from sepp.server.faults import crash_hook_from_env
@@ -78,10 +78,12 @@ from sepp.server.pipeline import (
 from sepp.server.service import (
     AUTH_LET_IN,
     AUTH_MISSING_KEY,
+    LOCAL_ADMIN,
     NOT_SERVING_SHUTTING_DOWN,
     NOT_SERVING_STORAGE_FAILED,
     InvalidRequest,
     ParkedReserve,
+    Principal,
     SeppService,
     ShuttingDown,
 )
@@ -497,6 +499,8 @@ class ClientConnection(asyncio.Protocol):
         self.reader = FrameReader(server.frame_bytes_max_before_hello)
         self.peer = "?"
         self.hello_done = False
+        # Who this connection's admin operations act as (set by hello).
+        self.principal: Principal = LOCAL_ADMIN
         self.closed = False
         self.in_flight = 0
         # Reserves of this connection parked in the service, until answered.
@@ -1028,6 +1032,7 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         self.hello_done = True
+        self.principal = native_admin.native_principal(body.api_key, server.auth_required)
         server.unauthenticated.pop(self, None)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
@@ -1275,4 +1280,5 @@ _HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
     pm.OP_RELEASE: ClientConnection.op_release,
     pm.OP_WITHDRAW: ClientConnection.op_withdraw,
     pm.OP_SETTLE: ClientConnection.op_settle,
+    **native_admin.HANDLERS,
 }

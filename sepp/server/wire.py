@@ -24,6 +24,9 @@ from sepp.core.results import (
     InvalidArgument,
     JobView,
     NotFound,
+    PermissionDenied,
+    QueueInUse,
+    QueueNotFound,
     Rejection,
 )
 from sepp.protocol.errors import (
@@ -31,7 +34,9 @@ from sepp.protocol.errors import (
     INTERNAL,
     INVALID_ARGUMENT,
     NOT_FOUND,
+    PERMISSION_DENIED,
     REASON_ATTEMPT_MISMATCH,
+    REASON_QUEUE_IN_USE,
     REASON_UNKNOWN_QUEUE,
     ProtocolError,
 )
@@ -120,8 +125,17 @@ def command_error(error: CommandError) -> tuple[str, dict[str, Any]]:
         body["reason"] = REASON_UNKNOWN_QUEUE
         body["queues"] = list(error.queues)
         return FAILED_PRECONDITION, body
+    if isinstance(error, QueueInUse):
+        body["reason"] = REASON_QUEUE_IN_USE
+        body["queue"] = error.queue
+        return FAILED_PRECONDITION, body
+    if isinstance(error, QueueNotFound):
+        body["queue"] = error.queue
+        return NOT_FOUND, body
     if isinstance(error, NotFound):
         return NOT_FOUND, body
+    if isinstance(error, PermissionDenied):
+        return PERMISSION_DENIED, body
     if isinstance(error, InvalidArgument):
         return INVALID_ARGUMENT, body
     return INTERNAL, body

@@ -1,0 +1,281 @@
+"""The admin operations of the native protocol (issue 15, PROTOCOL.md 5.14-5.27):
+each decodes its body into a `SeppService` admin call and renders the outcome.
+
+Owns: the handlers (`HANDLERS`, op name -> handler, merged into the native
+front's dispatch table), the wire shapes of a `JobInfo`, a `JobPage`, a
+`QueueInfo` and of the admin results, and `native_principal` (who a native
+connection acts as).
+
+Promises: an answer is sent only once its barrier is durable (reads: the read
+barrier); the core's and the role table's refusals go out as the codes of
+PROTOCOL.md §4 (`command_error`). Nothing here builds a command or reads the
+state: the service does.
+
+Must not import: another front end (the admin HTTP API, gRPC). Not compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sepp.core.decide import Decision
+from sepp.core.reads import JobInfo, JobPage, QueueInfo
+from sepp.core.results import (
+    AdminOutcomes,
+    CommandError,
+    DeleteQueueResult,
+    PurgeResult,
+    PutQueueResult,
+    QueueAdminResult,
+)
+from sepp.protocol import errors as perr
+from sepp.protocol import messages as pm
+from sepp.protocol.framing import encode_frame
+from sepp.server.service import LOCAL_ADMIN, Principal
+from sepp.server.wire import command_error
+
+if TYPE_CHECKING:
+    from sepp.server.server import ClientConnection
+
+# Hex digits of the key's SHA-256 that name an API-key actor in the audit trail.
+API_KEY_ACTOR_HEX_DIGITS = 8
+
+
+def native_principal(api_key: str | None, auth_required: bool) -> Principal:
+    """Who a native connection acts as. Without configured keys: `local`, role
+    admin. With keys: `api-key:<first 8 hex digits of the key's SHA-256>` (never
+    the key itself), role admin: API keys have no roles yet."""
+    if not auth_required or api_key is None:
+        return LOCAL_ADMIN
+    digest = hashlib.sha256(api_key.encode()).hexdigest()[:API_KEY_ACTOR_HEX_DIGITS]
+    return Principal(f"api-key:{digest}", "admin")
+
+
+# -- rendering -------------------------------------------------------------------------
+
+
+def job_info_body(info: JobInfo) -> dict[str, Any]:
+    return {
+        "id": info.job_id,
+        "queue": info.queue,
+        "job_type": info.job_type,
+        "state": info.state,
+        "priority": info.priority,
+        "attempt": info.attempt,
+        "max_attempts": info.max_attempts,
+        "enqueued_at_ms": info.enqueued_at,
+        "scheduled_at_ms": info.scheduled_at,
+        "run_at_ms": info.run_at,
+        "lease_expires_at_ms": info.lease_expires_at,
+        "worker_id": info.worker_id,
+        "payload": None
+        if info.payload_data is None
+        else {"data": info.payload_data, "encoding": info.payload_encoding},
+        "idempotency_key": info.idempotency_key,
+        "trace_context": None
+        if info.traceparent is None
+        else {"traceparent": info.traceparent, "tracestate": info.tracestate},
+        "custom": dict(info.custom or {}),
+        "last_reason": info.last_reason,
+        "dead_letter_cause": info.dead_letter_cause,
+        "failed_at_ms": info.failed_at,
+        "final_attempt": info.final_attempt,
+    }
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def settings_body(policy: Any) -> dict[str, Any]:
+    return {f.name: _plain(getattr(policy, f.name)) for f in dataclasses.fields(policy)}
+
+
+def queue_info_body(info: QueueInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "declared": info.declared,
+        "paused": info.paused,
+        "ready": info.ready,
+        "scheduled": info.scheduled,
+        "inflight": info.inflight,
+        "dead_letter": info.dead_letter,
+        "settings": settings_body(info.policy),
+        "overrides": None
+        if info.overrides is None
+        else {k: _plain(v) for k, v in info.overrides.items()},
+    }
+
+
+def page_body(page: JobPage) -> dict[str, Any]:
+    return {"jobs": [job_info_body(j) for j in page.jobs], "next_cursor": page.next_cursor}
+
+
+def outcomes_body(reply: AdminOutcomes) -> dict[str, Any]:
+    return {
+        "outcomes": [{"id": job_id, "outcome": outcome} for job_id, outcome in reply.outcomes],
+        "remaining": reply.remaining,
+    }
+
+
+def queue_admin_body(reply: QueueAdminResult) -> dict[str, Any]:
+    return {"queue": reply.queue, "paused": reply.paused, "changed": reply.changed}
+
+
+def purge_body(reply: PurgeResult) -> dict[str, Any]:
+    return {"queue": reply.queue, "purged": reply.purged, "remaining": reply.remaining}
+
+
+def put_queue_body(reply: PutQueueResult) -> dict[str, Any]:
+    return {
+        "queue": reply.queue,
+        "created": reply.created,
+        "changed": reply.changed,
+        "settings": settings_body(reply.policy),
+    }
+
+
+def delete_queue_body(reply: DeleteQueueResult) -> dict[str, Any]:
+    return {
+        "queue": reply.queue,
+        "cancelled": reply.cancelled,
+        "declared_by_file": reply.declared_by_file,
+    }
+
+
+# -- handlers ----------------------------------------------------------------------------
+
+
+def _answer(
+    conn: ClientConnection,
+    request_id: int,
+    outcome: Any,
+    barrier: int,
+    render: Callable[[Any], dict[str, Any]],
+) -> None:
+    """Send `outcome` (a result, a Decision or a CommandError) once `barrier` is
+    durable."""
+    if isinstance(outcome, CommandError):
+        code, body = command_error(outcome)
+    else:
+        code = perr.OK
+        body = render(outcome.reply if type(outcome) is Decision else outcome)
+    frame = encode_frame(pm.encode_response(request_id, code, body))
+    conn.server.service.after_durable(barrier, conn.send_after, frame, request_id)
+
+
+def op_get_job(conn: ClientConnection, request_id: int, body: pm.GetJobBody) -> None:
+    info, barrier = conn.server.service.get_job(conn.principal, body.job_id)
+    _answer(
+        conn, request_id, info, barrier, lambda i: {"job": None if i is None else job_info_body(i)}
+    )
+
+
+def op_list_jobs(conn: ClientConnection, request_id: int, body: pm.ListJobsBody) -> None:
+    service = conn.server.service
+    if body.limit is None:
+        page, barrier = service.list_jobs(
+            conn.principal, body.queue, body.state, body.cursor, cause=body.cause
+        )
+    else:
+        page, barrier = service.list_jobs(
+            conn.principal, body.queue, body.state, body.cursor, body.limit, body.cause
+        )
+    _answer(conn, request_id, page, barrier, page_body)
+
+
+def op_list_queues(conn: ClientConnection, request_id: int, body: None) -> None:
+    queues, barrier = conn.server.service.list_queues(conn.principal)
+    _answer(
+        conn, request_id, queues, barrier, lambda qs: {"queues": [queue_info_body(q) for q in qs]}
+    )
+
+
+def op_queue_info(conn: ClientConnection, request_id: int, body: pm.QueueBody) -> None:
+    info, barrier = conn.server.service.queue_info(conn.principal, body.queue)
+    _answer(conn, request_id, info, barrier, lambda i: {"queue": queue_info_body(i)})
+
+
+def op_dead_letter_jobs(conn: ClientConnection, request_id: int, body: pm.JobIdsBody) -> None:
+    decision, barrier = conn.server.service.dead_letter_jobs(
+        conn.principal, body.job_ids, body.reason
+    )
+    _answer(conn, request_id, decision, barrier, outcomes_body)
+
+
+def op_cancel_jobs(conn: ClientConnection, request_id: int, body: pm.JobIdsBody) -> None:
+    decision, barrier = conn.server.service.cancel_jobs(conn.principal, body.job_ids, body.reason)
+    _answer(conn, request_id, decision, barrier, outcomes_body)
+
+
+def op_requeue_dead_letters(
+    conn: ClientConnection, request_id: int, body: pm.DeadLettersBody
+) -> None:
+    decision, barrier = conn.server.service.requeue_dead_letters(
+        conn.principal,
+        job_ids=body.job_ids,
+        queue=body.queue,
+        cause=body.cause,
+        reason=body.reason,
+    )
+    _answer(conn, request_id, decision, barrier, outcomes_body)
+
+
+def op_delete_dead_letters(
+    conn: ClientConnection, request_id: int, body: pm.DeadLettersBody
+) -> None:
+    decision, barrier = conn.server.service.delete_dead_letters(
+        conn.principal,
+        job_ids=body.job_ids,
+        queue=body.queue,
+        cause=body.cause,
+        reason=body.reason,
+    )
+    _answer(conn, request_id, decision, barrier, outcomes_body)
+
+
+def op_pause_queue(conn: ClientConnection, request_id: int, body: pm.QueueBody) -> None:
+    decision, barrier = conn.server.service.pause_queue(conn.principal, body.queue, body.reason)
+    _answer(conn, request_id, decision, barrier, queue_admin_body)
+
+
+def op_resume_queue(conn: ClientConnection, request_id: int, body: pm.QueueBody) -> None:
+    decision, barrier = conn.server.service.resume_queue(conn.principal, body.queue, body.reason)
+    _answer(conn, request_id, decision, barrier, queue_admin_body)
+
+
+def op_purge_queue(conn: ClientConnection, request_id: int, body: pm.QueueBody) -> None:
+    decision, barrier = conn.server.service.purge_queue(conn.principal, body.queue, body.reason)
+    _answer(conn, request_id, decision, barrier, purge_body)
+
+
+def op_put_queue(conn: ClientConnection, request_id: int, body: pm.PutQueueBody) -> None:
+    decision, barrier = conn.server.service.put_queue(
+        conn.principal, body.queue, body.overrides, body.reason
+    )
+    _answer(conn, request_id, decision, barrier, put_queue_body)
+
+
+def op_delete_queue(conn: ClientConnection, request_id: int, body: pm.QueueBody) -> None:
+    decision, barrier = conn.server.service.delete_queue(conn.principal, body.queue, body.reason)
+    _answer(conn, request_id, decision, barrier, delete_queue_body)
+
+
+HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
+    pm.OP_GET_JOB: op_get_job,
+    pm.OP_LIST_JOBS: op_list_jobs,
+    pm.OP_LIST_QUEUES: op_list_queues,
+    pm.OP_QUEUE_INFO: op_queue_info,
+    pm.OP_DEAD_LETTER_JOBS: op_dead_letter_jobs,
+    pm.OP_CANCEL_JOBS: op_cancel_jobs,
+    pm.OP_REQUEUE_DEAD_LETTERS: op_requeue_dead_letters,
+    pm.OP_DELETE_DEAD_LETTERS: op_delete_dead_letters,
+    pm.OP_PAUSE_QUEUE: op_pause_queue,
+    pm.OP_RESUME_QUEUE: op_resume_queue,
+    pm.OP_PURGE_QUEUE: op_purge_queue,
+    pm.OP_PUT_QUEUE: op_put_queue,
+    pm.OP_DELETE_QUEUE: op_delete_queue,
+}
