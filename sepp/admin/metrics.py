@@ -23,7 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sepp.server.pipeline import GROUP_COMMIT_RECORDS_BUCKETS
+from sepp.server.pipeline import Histogram
 from sepp.server.service import SeppService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -32,6 +32,16 @@ QUEUE_STATES = ("ready", "scheduled", "inflight", "dead_letter")
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+    buckets: list[tuple[str, float]] = []
+    cumulative = 0
+    for bound, count in zip(histogram.bounds, histogram.counts):
+        cumulative += count
+        buckets.append((str(bound), cumulative))
+    buckets.append(("+Inf", histogram.commits))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=histogram.total)
 
 
 class SeppCollector(Collector):
@@ -120,18 +130,16 @@ class SeppCollector(Collector):
         depth.add_metric([], pipeline.backlog if pipeline is not None else 0)
         yield depth
         if pipeline is not None:
-            histogram = pipeline.group_commit_records
-            buckets: list[tuple[str, float]] = []
-            cumulative = 0
-            for bound, count in zip(GROUP_COMMIT_RECORDS_BUCKETS, histogram.counts):
-                cumulative += count
-                buckets.append((str(bound), cumulative))
-            buckets.append(("+Inf", histogram.commits))
-            yield HistogramMetricFamily(
+            yield _histogram(
                 "sepp_group_commit_records",
                 "Records per group commit made durable since start.",
-                buckets=buckets,
-                sum_value=histogram.total,
+                pipeline.group_commit_records,
+            )
+            yield _histogram(
+                "sepp_commit_duration_seconds",
+                "From a group commit's start (its first waiting command, or the previous "
+                "commit's end) until it was durable; commits nobody waited for are not timed.",
+                pipeline.commit_duration,
             )
         segments = engine.segments
         wal_bytes = GaugeMetricFamily("sepp_wal_bytes", "Bytes of the log's segment files.")

@@ -55,30 +55,33 @@ WRITE_OFF_LOOP_BYTES_MIN = 1 << 20
 
 # Upper bounds of the buckets of records per group commit (sepp_group_commit_records).
 GROUP_COMMIT_RECORDS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+# Upper bounds (seconds) of the buckets of sepp_commit_duration_seconds.
+COMMIT_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class GroupCommitRecords:
-    """A histogram of records per group commit that became durable (loop thread
-    only): `counts[i]` commits of at most GROUP_COMMIT_RECORDS_BUCKETS[i] records
-    (not cumulative; the last entry is above every bound), `total` records."""
+class Histogram:
+    """Plain counts for a Prometheus histogram (loop thread only): `counts[i]`
+    observations of at most `bounds[i]` (not cumulative; the last entry is above
+    every bound), `commits` observations, `total` their sum."""
 
-    __slots__ = ("commits", "counts", "total")
+    __slots__ = ("bounds", "commits", "counts", "total")
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(GROUP_COMMIT_RECORDS_BUCKETS) + 1)
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
         self.commits = 0
-        self.total = 0
+        self.total: float = 0
 
-    def observe(self, records: int) -> None:
+    def observe(self, value: float) -> None:
         self.commits += 1
-        self.total += records
+        self.total += value
         index = 0
-        for bound in GROUP_COMMIT_RECORDS_BUCKETS:
-            if records <= bound:
+        for bound in self.bounds:
+            if value <= bound:
                 break
             index += 1
         self.counts[index] += 1
@@ -109,9 +112,14 @@ class CommitPipeline:
         self._unwoken = 0  # commands waiting since the flusher was last woken
         self.failure: BaseException | None = None
         self._on_failure = on_failure
-        # Records per group commit since start (the metrics read it).
-        self.group_commit_records = GroupCommitRecords()
+        # Records per group commit since start, and how long the group commits
+        # somebody waited for took (the metrics read them).
+        self.group_commit_records = Histogram(GROUP_COMMIT_RECORDS_BUCKETS)
+        self.commit_duration = Histogram(COMMIT_DURATION_BUCKETS)
         self._released_seq = engine.durable_seq
+        # When the group commit now gathering began: its first waiter arrived
+        # while the disk was idle, or the previous commit ended (None: nobody waits).
+        self._commit_started: float | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -185,6 +193,8 @@ class CommitPipeline:
             callback(None, *args)
             return
         self._waiters.append((barrier, callback, args))
+        if self._commit_started is None:
+            self._commit_started = time.perf_counter()
         # Wake the flusher once per loop turn, after the turn has run every request
         # that arrived with it: waking it per command made it write a record or two
         # at a time (1.5 records per write in buffer mode, where no fsync holds it
@@ -240,13 +250,21 @@ class CommitPipeline:
 
     def _release(self, seq: int) -> None:
         records = seq - self._released_seq
+        started = self._commit_started
         if records > 0:
             self._released_seq = seq
             self.group_commit_records.observe(records)
+            if started is not None:
+                now = time.perf_counter()
+                self.commit_duration.observe(now - started)
+                # Whoever still waits joined while this commit was on its way:
+                # their commit starts now.
+                started = now
         waiters = self._waiters
         while waiters and waiters[0][0] <= seq:
             _, callback, args = waiters.popleft()
             callback(None, *args)
+        self._commit_started = started if waiters else None
         for callback in self._durable_callbacks:
             callback(seq)
 

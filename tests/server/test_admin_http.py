@@ -146,6 +146,11 @@ async def test_metrics_counters_equal_what_was_done():
     assert value("sepp_group_commit_records_count") == value(
         "sepp_group_commit_records_bucket", le="+Inf"
     )
+    # Every request above waited for a commit, so some commits were timed.
+    assert (
+        1 <= value("sepp_commit_duration_seconds_count") <= value("sepp_group_commit_records_count")
+    )
+    assert value("sepp_commit_duration_seconds_sum") > 0
     assert value("sepp_ready") == 1
     # The process metrics come along.
     assert value("process_resident_memory_bytes") > 0
