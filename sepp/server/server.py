@@ -395,14 +395,16 @@ class SeppServer:
             self.admin = AdminListener(self.service)
             try:
                 self.admin_address = await self.admin.start(*admin_listen)
-            except OSError:
+            except OSError as exc:
                 # The native listener is up: close it, or the caller's refusal to
                 # start would leave a half-started server behind.
                 self._server.close()
                 self.service.stop()
                 await self.pipeline.stop()
                 engine.close()
-                raise
+                raise OSError(
+                    exc.errno, f"admin listener on {admin_listen[0]}:{admin_listen[1]}: {exc}"
+                ) from exc
         return self.address
 
     def _tls_context(self) -> ssl.SSLContext | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -242,3 +243,21 @@ async def test_sepp_serve_prints_the_admin_url_after_the_listening_line(server_f
     status, text = await get(url + "/metrics")
     assert status == 200 and "sepp_jobs_enqueued_total" in text
     assert server.stop() == 0
+
+
+def test_sepp_serve_refuses_to_start_when_the_admin_port_is_taken(tmp_path: Path, server_factory):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SEPP_")}
+        proc = subprocess.run(
+            [sys.executable, "-m", "sepp.server.cli", "serve", "--listen", "127.0.0.1:0",
+             "--data-dir", str(tmp_path / "data"), "--admin-listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+    assert proc.returncode == 1
+    assert f"admin listener on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "sepp listening on" not in proc.stdout
+    # It let go of the data directory (its lock): the next start recovers it.
+    assert server_factory(data_dir=tmp_path / "data").stop() == 0
