@@ -71,7 +71,11 @@ from sepp.core.commands import (
     ResumeQueue,
     Sweep,
 )
-from sepp.core.config import ANSWER_ENVELOPE_BYTES_MAX
+from sepp.core.config import (
+    ANSWER_ENVELOPE_BYTES_MAX,
+    CUSTOM_ENTRY_FIXED_BYTES,
+    JOB_ANSWER_FIXED_BYTES,
+)
 from sepp.core.decide import Decision
 from sepp.core.events import CAUSE_NAMES
 from sepp.core.reads import JobInfo, JobPage, QueueInfo
@@ -570,7 +574,10 @@ class SeppService:
             return denied, 0
         engine = self.engine
         assert engine is not None
-        page = reads.list_jobs(engine.state, queue, state, cursor, limit, cause)
+        state_ = engine.state
+        page = self._fit_page(
+            lambda n: reads.list_jobs(state_, queue, state, cursor, n, cause), limit
+        )
         return page, self.read_barrier()
 
     def list_dead_letters(
@@ -588,8 +595,26 @@ class SeppService:
             return denied, 0
         engine = self.engine
         assert engine is not None
-        page = reads.list_jobs(engine.state, queue, "dead_letter", cursor, limit, cause)
+        state_ = engine.state
+        page = self._fit_page(
+            lambda n: reads.list_jobs(state_, queue, "dead_letter", cursor, n, cause), limit
+        )
         return page, self.read_barrier()
+
+    def _fit_page(
+        self, fetch: Callable[[int], JobPage | CommandError], limit: int
+    ) -> JobPage | CommandError:
+        """`fetch(limit)`, with fewer jobs while the page would not fit one answer
+        frame (max_message_bytes): a page of 1,000 jobs of 1 MiB each would be a
+        GiB. Halves the limit and reads again (the cursor then resumes after the
+        last job given); a single job is always given."""
+        page = fetch(limit)
+        budget = self.answer_items_bytes_max
+        while isinstance(page, JobPage) and len(page.jobs) > 1:
+            if sum(map(job_info_answer_bytes, page.jobs)) <= budget:
+                break
+            page = fetch(len(page.jobs) // 2)
+        return page
 
     def list_queues(self, principal: Principal) -> tuple[tuple[QueueInfo, ...] | CommandError, int]:
         """Every queue the state knows, by name, with counts and settings."""
@@ -1087,6 +1112,40 @@ class SeppService:
         except StorageFailed:
             return
         self._schedule_sweep()
+
+
+# A job info in an answer beyond its strings, payload and custom entries: the
+# fields of a delivered job (JOB_ANSWER_FIXED_BYTES) plus 9 more keys with their
+# integers and string headers.
+JOB_INFO_EXTRA_FIXED_BYTES = 256
+
+
+def _utf8_len(text: str | None) -> int:
+    return 0 if text is None else len(text.encode("utf-8", "surrogatepass"))
+
+
+def job_info_answer_bytes(info: JobInfo) -> int:
+    """An upper bound of the encoded size of `info` in an answer (a list_jobs page)."""
+    size = JOB_ANSWER_FIXED_BYTES + JOB_INFO_EXTRA_FIXED_BYTES
+    size += len(info.payload_data or b"")
+    for text in (
+        info.job_id,
+        info.queue,
+        info.job_type,
+        info.payload_encoding,
+        info.idempotency_key,
+        info.traceparent,
+        info.tracestate,
+        info.worker_id,
+        info.last_reason,
+        info.dead_letter_cause,
+    ):
+        size += _utf8_len(text)
+    for key, value in (info.custom or {}).items():
+        size += CUSTOM_ENTRY_FIXED_BYTES + _utf8_len(key)
+        if isinstance(value, str):
+            size += _utf8_len(value)
+    return size
 
 
 _CAUSE_CODES = {name: code for code, name in CAUSE_NAMES.items()}

@@ -204,3 +204,24 @@ async def test_the_sync_client_has_the_admin_methods():
         assert results["pause"].paused  # type: ignore[attr-defined]
         assert results["cancel"].done  # type: ignore[attr-defined]
         assert results["queues"][0].paused  # type: ignore[index]
+
+
+async def test_a_page_of_large_jobs_is_cut_to_fit_one_frame_and_paging_still_lists_them_all():
+    small = {"limits__max_message_bytes": "32768", "limits__max_payload_bytes": "8192"}
+    async with in_process(in_process_config(**small)) as server:
+        client = await SeppClient.connect(address_of(server))
+        big = Payload(b"x" * 8000, "application/octet-stream")
+        ids = [(await client.enqueue(job(payload=big))).job_id for _ in range(10)]
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            page = await client.list_jobs("q", "ready", cursor=cursor, limit=100)
+            pages += 1
+            assert 1 <= len(page.jobs) <= 3  # 4 jobs of 8 kB pass a 32 KiB frame
+            seen.extend(j.job_id for j in page.jobs)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == ids and pages >= 4
+        await client.close()
