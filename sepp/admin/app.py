@@ -69,10 +69,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class AdminListener:
-    """The admin app on one address, in the running loop."""
+    """The admin app on one address, in the running loop. `name` ("admin", or
+    "metrics" for the metrics-only listener of [metrics] listen_addr) names it in
+    log lines and errors; both serve the routes above, which need no auth (the
+    authenticated admin API will be on the admin listener only)."""
 
-    def __init__(self, service: SeppService) -> None:
+    def __init__(self, service: SeppService, name: str = "admin") -> None:
         self.service = service
+        self.name = name
         self.address: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
 
@@ -90,7 +94,7 @@ class AdminListener:
         self._runner = runner
         bound = sock.getsockname()
         self.address = (bound[0], bound[1])
-        log.info("admin listening on %s:%d", *self.address)
+        log.info("%s listening on %s:%d", self.name, *self.address)
         return self.address
 
     async def stop(self) -> None:

@@ -81,6 +81,10 @@ def _serve(args: argparse.Namespace) -> int:
             admin_host, admin_port = server.admin_address
             admin_shown = f"[{admin_host}]" if ":" in admin_host else admin_host
             print(f"sepp admin on http://{admin_shown}:{admin_port}", flush=True)
+        if server.metrics_address is not None:
+            metrics_host, metrics_port = server.metrics_address
+            metrics_shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
+            print(f"sepp metrics on http://{metrics_shown}:{metrics_port}", flush=True)
         return await server.wait_stopped()
 
     try:

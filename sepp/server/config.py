@@ -214,6 +214,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "a non-loopback address needs admin keys",
         ),
     },
+    "metrics": {
+        "listen_addr": Key(
+            "str",
+            "off",
+            "host:port of a listener of its own for /metrics (and /livez, /readyz), no auth, "
+            'any address; "off" = /metrics only on the admin listener',
+        ),
+    },
     "logging": {
         "level": Key(
             "str",
@@ -268,6 +276,14 @@ class ServerConfig:
         if value.lower() in ADMIN_OFF:
             return None
         return parse_listen(value, "admin.listen_addr")
+
+    @property
+    def metrics_listen(self) -> tuple[str, int] | None:
+        """The metrics-only listener's (host, port), or None when it is off."""
+        value = self.get("metrics", "listen_addr").strip()
+        if value.lower() in ADMIN_OFF:
+            return None
+        return parse_listen(value, "metrics.listen_addr")
 
     @property
     def api_keys(self) -> list[ApiKey] | None:
@@ -563,6 +579,7 @@ def _cross_validate(config: ServerConfig) -> None:
             "server.tls_key_path", "tls_cert_path and tls_key_path must be set together"
         )
     parse_listen(server["listen_addr"])
+    config.metrics_listen  # noqa: B018 - validates metrics.listen_addr
     admin = config.admin_listen
     if admin is not None and not is_loopback_host(admin[0]):
         # Issue 15 item 4: an admin listener others can reach is never open. Admin

@@ -191,6 +191,9 @@ class SeppServer:
         # [admin] listen_addr is "off".
         self.admin: Any = None
         self.admin_address: tuple[str, int] | None = None
+        # The metrics-only listener ([metrics] listen_addr), same shape.
+        self.metrics_listener: Any = None
+        self.metrics_address: tuple[str, int] | None = None
         self.exit_code = EXIT_OK
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -389,23 +392,39 @@ class SeppServer:
             loop_kind(self._loop),
         )
         admin_listen = self.config.admin_listen
-        if admin_listen is not None:
+        metrics_listen = self.config.metrics_listen
+        if admin_listen is not None or metrics_listen is not None:
             from sepp.admin.app import AdminListener
 
-            self.admin = AdminListener(self.service)
             try:
-                self.admin_address = await self.admin.start(*admin_listen)
-            except OSError as exc:
+                if admin_listen is not None:
+                    self.admin = AdminListener(self.service)
+                    self.admin_address = await self._start_listener(self.admin, admin_listen)
+                if metrics_listen is not None:
+                    self.metrics_listener = AdminListener(self.service, "metrics")
+                    self.metrics_address = await self._start_listener(
+                        self.metrics_listener, metrics_listen
+                    )
+            except OSError:
                 # The native listener is up: close it, or the caller's refusal to
                 # start would leave a half-started server behind.
                 self._server.close()
                 self.service.stop()
+                if self.admin is not None:
+                    await self.admin.stop()
                 await self.pipeline.stop()
                 engine.close()
-                raise OSError(
-                    exc.errno, f"admin listener on {admin_listen[0]}:{admin_listen[1]}: {exc}"
-                ) from exc
+                raise
         return self.address
+
+    async def _start_listener(self, listener: Any, address: tuple[str, int]) -> tuple[str, int]:
+        try:
+            bound: tuple[str, int] = await listener.start(*address)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"{listener.name} listener on {address[0]}:{address[1]}: {exc}"
+            ) from exc
+        return bound
 
     def _tls_context(self) -> ssl.SSLContext | None:
         return load_tls_context(self.config)
@@ -459,9 +478,10 @@ class SeppServer:
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()
-        if self.admin is not None:
-            # Last: /readyz answered 503 while shutdown ran.
-            await self.admin.stop()
+        # Last: /readyz answered 503 while shutdown ran.
+        for listener in (self.admin, self.metrics_listener):
+            if listener is not None:
+                await listener.stop()
         if self.storage_failure is not None:
             self.exit_code = EXIT_STORAGE_FAILED
         log.info("stopped (exit code %d)", self.exit_code)

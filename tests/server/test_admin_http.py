@@ -261,3 +261,22 @@ def test_sepp_serve_refuses_to_start_when_the_admin_port_is_taken(tmp_path: Path
     assert "sepp listening on" not in proc.stdout
     # It let go of the data directory (its lock): the next start recovers it.
     assert server_factory(data_dir=tmp_path / "data").stop() == 0
+
+
+async def test_a_metrics_listener_of_its_own_serves_metrics_without_the_admin_listener():
+    config = in_process_config(admin__listen_addr="off", metrics__listen_addr="127.0.0.1:0")
+    async with in_process(config) as server:
+        assert server.admin_address is None and server.metrics_address is not None
+        host, port = server.metrics_address
+        status, text = await get(f"http://{host}:{port}/metrics")
+        assert status == 200 and "sepp_queue_jobs" in text
+        assert await get(f"http://{host}:{port}/readyz") == (200, "ready\n")
+
+
+def test_the_metrics_listener_is_off_by_default_and_may_listen_on_any_address():
+    assert load_config(None, env={}).metrics_listen is None
+    config = load_config(None, env={"SEPP_METRICS__LISTEN_ADDR": "0.0.0.0:9466"})
+    assert config.metrics_listen == ("0.0.0.0", 9466)
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, env={"SEPP_METRICS__LISTEN_ADDR": "nowhere"})
+    assert refused.value.key == "metrics.listen_addr"
