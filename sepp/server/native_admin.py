@@ -214,20 +214,22 @@ def op_cancel_jobs(conn: ClientConnection, request_id: int, body: pm.JobIdsBody)
 def op_requeue_dead_letters(
     conn: ClientConnection, request_id: int, body: pm.DeadLettersBody
 ) -> None:
-    decision, barrier = conn.server.service.requeue_dead_letters(
-        conn.principal,
-        job_ids=body.job_ids,
-        queue=body.queue,
-        cause=body.cause,
-        reason=body.reason,
-    )
-    _answer(conn, request_id, decision, barrier, outcomes_body)
+    _dead_letters_by(conn, request_id, body, conn.server.service.requeue_dead_letters)
 
 
 def op_delete_dead_letters(
     conn: ClientConnection, request_id: int, body: pm.DeadLettersBody
 ) -> None:
-    decision, barrier = conn.server.service.delete_dead_letters(
+    _dead_letters_by(conn, request_id, body, conn.server.service.delete_dead_letters)
+
+
+def _dead_letters_by(
+    conn: ClientConnection,
+    request_id: int,
+    body: pm.DeadLettersBody,
+    operation: Callable[..., tuple[Decision | CommandError, int]],
+) -> None:
+    decision, barrier = operation(
         conn.principal,
         job_ids=body.job_ids,
         queue=body.queue,

@@ -685,21 +685,14 @@ class SeppService:
         """Dead letters back to Ready (same id, attempt 1), by `job_ids` or, when
         none are given, by `queue` and / or `cause` (a chunk; AdminOutcomes.remaining
         says how many more match)."""
-        code = _cause_code(cause)
-        if isinstance(code, CommandError):
-            return code, 0
-        actor, role = principal
-        return self._admin(
+        return self._dead_letters_by(
             principal,
             "requeue_dead_letters",
-            AdminRequeueDeadLetters(
-                actor=actor,
-                role=role,
-                reason=reason,
-                job_ids=tuple(job_ids),
-                queue=queue,
-                cause=code,
-            ),
+            AdminRequeueDeadLetters,
+            job_ids,
+            queue,
+            cause,
+            reason,
         )
 
     def delete_dead_letters(
@@ -712,14 +705,29 @@ class SeppService:
         reason: str | None = None,
     ) -> tuple[Decision | CommandError, int]:
         """Delete dead letters, by ids or by filter like `requeue_dead_letters`."""
+        return self._dead_letters_by(
+            principal, "delete_dead_letters", DeleteDeadLetters, job_ids, queue, cause, reason
+        )
+
+    def _dead_letters_by(
+        self,
+        principal: Principal,
+        operation: str,
+        command: type[AdminRequeueDeadLetters] | type[DeleteDeadLetters],
+        job_ids: Sequence[str],
+        queue: str | None,
+        cause: str | None,
+        reason: str | None,
+    ) -> tuple[Decision | CommandError, int]:
+        """A command on dead letters chosen by ids or by queue and / or cause."""
         code = _cause_code(cause)
         if isinstance(code, CommandError):
             return code, 0
         actor, role = principal
         return self._admin(
             principal,
-            "delete_dead_letters",
-            DeleteDeadLetters(
+            operation,
+            command(
                 actor=actor,
                 role=role,
                 reason=reason,
