@@ -23,31 +23,13 @@ from typing import Any
 import greenstalk
 
 from benchmarks.bench_client import Mark, result
-from benchmarks.peers.driverlib import PAYLOAD
+from benchmarks.peers.driverlib import PAYLOAD, run_in_threads
 
 TUBE = "bench-clients"
 
 
 def connect(host: str, port: int) -> greenstalk.Client[bytes]:
     return greenstalk.Client((host, port), encoding=None, use=TUBE, watch=TUBE)
-
-
-def in_threads(target: Any, clients: list[greenstalk.Client[bytes]]) -> None:
-    errors: list[BaseException] = []
-
-    def wrapped(client: greenstalk.Client[bytes]) -> None:
-        try:
-            target(client)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrapped, args=(c,), daemon=True) for c in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def produce(jobs: int, clients: list[greenstalk.Client[bytes]]) -> None:
@@ -57,7 +39,7 @@ def produce(jobs: int, clients: list[greenstalk.Client[bytes]]) -> None:
         while next(tickets) < jobs:
             client.put(PAYLOAD)
 
-    in_threads(producer, clients)
+    run_in_threads(producer, clients)
 
 
 def main() -> None:
@@ -99,7 +81,7 @@ def main() -> None:
                         done.append(Mark(args.server_pid))
 
         start = Mark(args.server_pid)
-        in_threads(worker, clients)
+        run_in_threads(worker, clients)
         out["worker"] = result(jobs, start, done[0])
     for client in clients:
         client.close()

@@ -14,35 +14,24 @@ import itertools
 import threading
 import time
 from importlib.metadata import version
-from typing import Any
 
 import greenstalk
 
-from benchmarks.peers.driverlib import PAYLOAD, PhaseClock, emit, parser, percentiles, rate
+from benchmarks.peers.driverlib import (
+    PAYLOAD,
+    PhaseClock,
+    emit,
+    parser,
+    percentiles,
+    rate,
+    run_in_threads,
+)
 
 TUBE = "bench"
 
 
 def connect(host: str, port: int, tube: str = TUBE) -> greenstalk.Client:
     return greenstalk.Client((host, port), encoding=None, use=tube, watch=tube)
-
-
-def run_threads(target: Any, clients: list[greenstalk.Client]) -> None:
-    errors: list[BaseException] = []
-
-    def wrapped(c: greenstalk.Client) -> None:
-        try:
-            target(c)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrapped, args=(c,), daemon=True) for c in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def enqueue_phase(clients: list[greenstalk.Client], jobs: int) -> dict[str, float]:
@@ -53,7 +42,7 @@ def enqueue_phase(clients: list[greenstalk.Client], jobs: int) -> dict[str, floa
             c.put(PAYLOAD)
 
     started = time.perf_counter()
-    run_threads(producer, clients)
+    run_in_threads(producer, clients)
     return rate(jobs, time.perf_counter() - started)
 
 
@@ -75,7 +64,7 @@ def drain_phase(clients: list[greenstalk.Client], jobs: int) -> dict[str, float]
                 last_ack[0] = now
 
     started = time.perf_counter()
-    run_threads(worker, clients)
+    run_in_threads(worker, clients)
     return rate(done[0], last_ack[0] - started)
 
 

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,3 +83,23 @@ def emit(result: dict[str, Any], **extra: Any) -> None:
     result["pid"] = os.getpid()
     result.update(extra)
     print(json.dumps(result), flush=True)
+
+
+def run_in_threads(target: Callable[[Any], None], items: list[Any]) -> None:
+    """`target(item)` for every item, each in a thread of its own, all at once;
+    re-raises the first error any of them met."""
+    errors: list[BaseException] = []
+
+    def wrapped(item: Any) -> None:
+        try:
+            target(item)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(item,), daemon=True) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -15,41 +15,15 @@
 //   node bullmq_client.js --port 6379 --jobs 50000 --concurrency 50 --server-pid PID
 'use strict';
 
-const fs = require('fs');
 const { Queue, Worker } = require('bullmq');
+const { PAYLOAD, parseArgs, procCpu } = require('./common');
 
-function parseArgs(argv) {
-  const args = {
-    host: '127.0.0.1', port: 6379, concurrency: 50, jobs: 50000,
-    phases: ['producer', 'worker'], serverPid: 0, queue: 'bench-clients',
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
-    if (key === 'phases') {
-      args.phases = [];
-      while (i + 1 < argv.length && !argv[i + 1].startsWith('--')) args.phases.push(argv[++i]);
-    } else {
-      const value = argv[++i];
-      args[key] = typeof args[key] === 'number' ? Number(value) : value;
-    }
-  }
-  return args;
-}
+const DEFAULTS = {
+  host: '127.0.0.1', port: 6379, concurrency: 50, jobs: 50000,
+  phases: ['producer', 'worker'], serverPid: 0, queue: 'bench-clients',
+};
 
-const PAYLOAD = { data: 'x'.repeat(256) };
-const CLK_TCK = 100;
 const JOB_OPTS = { removeOnComplete: true, removeOnFail: true };
-
-function procCpu(pid) {
-  if (!pid) return 0;
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(fields[11]) + Number(fields[12])) / CLK_TCK;
-  } catch (e) {
-    return 0;
-  }
-}
 
 function mark(serverPid) {
   const u = process.cpuUsage();
@@ -74,7 +48,7 @@ function result(jobs, start, end) {
 }
 
 async function main() {
-  const args = parseArgs(process.argv.slice(2));
+  const args = parseArgs(process.argv.slice(2), DEFAULTS);
   const connection = { host: args.host, port: args.port, maxRetriesPerRequest: null };
   const out = {};
   const queue = new Queue(args.queue, { connection });

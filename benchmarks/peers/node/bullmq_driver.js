@@ -11,44 +11,17 @@
 //   node bullmq_driver.js --port 6379 --connections 50 --jobs 200000
 'use strict';
 
-const fs = require('fs');
 const { Queue, Worker } = require('bullmq');
+const { PAYLOAD, parseArgs, procCpu } = require('./common');
 
-function parseArgs(argv) {
-  const args = {
-    host: '127.0.0.1', port: 6379, connections: 50, jobs: 200000, rounds: 2000,
-    phases: ['enqueue', 'drain', 'latency'], serverPid: 0, queue: 'bench',
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
-    if (key === 'phases') {
-      args.phases = [];
-      while (i + 1 < argv.length && !argv[i + 1].startsWith('--')) args.phases.push(argv[++i]);
-    } else {
-      const value = argv[++i];
-      args[key] = typeof args[key] === 'number' ? Number(value) : value;
-    }
-  }
-  return args;
-}
-
-const PAYLOAD = { data: 'x'.repeat(256) };
-const CLK_TCK = 100;
+const DEFAULTS = {
+  host: '127.0.0.1', port: 6379, connections: 50, jobs: 200000, rounds: 2000,
+  phases: ['enqueue', 'drain', 'latency'], serverPid: 0, queue: 'bench',
+};
 
 function ownCpu() {
   const u = process.cpuUsage();
   return (u.user + u.system) / 1e6;
-}
-
-function procCpu(pid) {
-  if (!pid) return 0;
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(fields[11]) + Number(fields[12])) / CLK_TCK;
-  } catch (e) {
-    return 0;
-  }
 }
 
 function now() {
@@ -69,7 +42,7 @@ function rate(jobs, seconds) {
 }
 
 async function main() {
-  const args = parseArgs(process.argv.slice(2));
+  const args = parseArgs(process.argv.slice(2), DEFAULTS);
   const connection = { host: args.host, port: args.port, maxRetriesPerRequest: null };
   const jobOpts = { removeOnComplete: true, removeOnFail: true };
   const result = {};
