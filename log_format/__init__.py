@@ -28,6 +28,7 @@ from log_format.catalogue import (
 from log_format.crc import CRC_MASK_DELTA, masked_crc32c, masked_crc32c_parts, unmask_crc
 from log_format.envelope import (
     COMMAND_ACK,
+    COMMAND_ADMIN,
     COMMAND_DEAD_LETTER_JOBS,
     COMMAND_DRAIN_DEAD_LETTERS,
     COMMAND_ENQUEUE,
@@ -99,6 +100,7 @@ from log_format.records import (
 __all__ = [
     "CATALOGUE",
     "COMMAND_ACK",
+    "COMMAND_ADMIN",
     "COMMAND_DEAD_LETTER_JOBS",
     "COMMAND_DRAIN_DEAD_LETTERS",
     "COMMAND_ENQUEUE",

@@ -71,6 +71,7 @@ COMMAND_SWEEP = 8  # the timer-driven tick: expiries and promotions
 COMMAND_DEAD_LETTER_JOBS = 9  # admin
 COMMAND_REQUEUE_DEAD_LETTERS = 10  # admin
 COMMAND_RELEASE = 11  # an attempt handed back unused (delivered to nobody)
+COMMAND_ADMIN = 12  # an operator's action (issue 15); its AdminAction event names it
 
 COMMAND_KIND_NAMES = {
     COMMAND_ENQUEUE: "enqueue",
@@ -84,6 +85,7 @@ COMMAND_KIND_NAMES = {
     COMMAND_DEAD_LETTER_JOBS: "dead_letter_jobs",
     COMMAND_REQUEUE_DEAD_LETTERS: "requeue_dead_letters",
     COMMAND_RELEASE: "release",
+    COMMAND_ADMIN: "admin",
 }
 COMMAND_KINDS = frozenset(COMMAND_KIND_NAMES)
 

@@ -232,10 +232,9 @@ ADMIN_IDS_PER_CALL_MAX = 1000
 # Jobs one filtered admin call (by queue / cause, or a purge) changes at most:
 # the reply says how many remain, the caller repeats.
 ADMIN_JOBS_PER_CHUNK_MAX = 1000
-# The log records every admin command under this envelope command kind until
-# log_format/envelope.py gets a kind of its own for them (the AdminAction event
-# names the action).
-ADMIN_COMMAND_KIND = 9
+# The envelope command kind of every admin command (log_format COMMAND_ADMIN);
+# the record's first event, AdminAction, names the action.
+ADMIN_COMMAND_KIND = 12
 # The roles an admin key may have (issue 15: viewer < operator < admin); a
 # viewer may only read, so decide refuses its commands (PermissionDenied).
 ADMIN_ROLES = ("viewer", "operator", "admin")

@@ -131,11 +131,12 @@ def test_encode_refuses_a_bad_synced_seq(synced_seq: Any) -> None:
         encode_envelope(5, COMMAND_ENQUEUE, [], synced_seq)
 
 
-def test_command_kinds_are_one_to_eleven() -> None:
-    assert sorted(COMMAND_KINDS) == list(range(1, 12))
+def test_command_kinds_are_one_to_twelve() -> None:
+    assert sorted(COMMAND_KINDS) == list(range(1, 13))
     assert COMMAND_KIND_NAMES[2] == "enqueue_atomic"
     assert COMMAND_KIND_NAMES[10] == "requeue_dead_letters"
     assert COMMAND_KIND_NAMES[11] == "release"
+    assert COMMAND_KIND_NAMES[12] == "admin"
 
 
 # ---------------------------------------------------------------- decode errors
@@ -188,7 +189,7 @@ BAD_ENVELOPES = [
     ("float time", pack([1, 1.5, 1, []]), "bad envelope time_ms 1.5"),
     ("bool time", pack([1, False, 1, []]), "bad envelope time_ms False"),
     ("command 0", pack([1, 0, 0, []]), "unknown command kind 0"),
-    ("command 12", pack([1, 0, 12, []]), "unknown command kind 12"),
+    ("command 13", pack([1, 0, 13, []]), "unknown command kind 13"),
     ("command true", pack([1, 0, True, []]), "unknown command kind True"),
     ("command nil", pack([1, 0, None, []]), "unknown command kind None"),
     ("events map", pack([1, 0, 1, {}]), "envelope events is not an array"),
@@ -226,7 +227,7 @@ def test_long_reasons_are_clipped() -> None:
         ((1.0, 1, []), "time_ms"),
         ((True, 1, []), "time_ms"),
         ((0, 0, []), "command kind"),
-        ((0, 12, []), "command kind"),
+        ((0, 13, []), "command kind"),
         ((0, True, []), "command kind"),
         ((0, [1], []), "command kind"),
         ((0, 1, ()), "events must be a list"),
