@@ -237,6 +237,26 @@ class Report:
 
 
 @dataclass
+class Returning:
+    """A release or nack of one lease, sent and not yet answered. Its answer and
+    the delivery it makes possible travel on different connections: a worker of
+    another connection can read the job's next delivery first (both answers are
+    released by the same group commit). Such a delivery proves the release / nack
+    was applied, so the ledger applies it then (`Ledger.delivered`); the answer,
+    read later, must then be a success."""
+
+    choice: str  # "release" / "nack" / "nack_delay"
+    attempt: int  # the lease it returns
+    sent: int
+    delay: int  # a nack's retry delay (ms)
+    applied_by: str = ""  # the delivery that proved it applied ("" while none has)
+    # Before applying it: next_min_t, so a nack later fenced off (never applied)
+    # can still be checked against the lease the delivery had to wait for.
+    floor_before: int = 0
+    delivered_at: int = 0
+
+
+@dataclass
 class JobRec:
     """What the client side knows of one job it asked to enqueue."""
 
@@ -260,6 +280,7 @@ class JobRec:
     lease_deadline: int = 0  # the acknowledged deadline of that lease
     lease_until: int = 0  # in flight at lease_attempt until then, for sure (0: no)
     extend_doubt: list[tuple[int, int]] = field(default_factory=list)  # (lo, hi) deadlines
+    returning: Returning | None = None  # a release / nack of the lease awaiting its answer
 
 
 class Ledger:
@@ -339,6 +360,7 @@ class Ledger:
         t = deadline - lease_ms
         a = ctx.attempt
         where = f"{tag} ({ctx.id}) attempt {a} at {t}"
+        self._returned_by_delivery(rec, a, t, where)
         self.check(rec.enq != "no", f"{where}: delivered, but its enqueue never happened")
         self.check(rec.acked != "ok", f"{where}: delivered again after an acknowledged ack")
         self.check(rec.dead != "ok", f"{where}: delivered after it was dead-lettered")
@@ -407,6 +429,66 @@ class Ledger:
             rec.lease_until = 0
             if rec.lease_attempt >= rec.max_attempts:
                 rec.dead = "maybe"
+
+    def _returned_by_delivery(self, rec: JobRec, a: int, t: int, where: str) -> None:
+        """A delivery while a release / nack of the held lease awaits its answer on
+        another connection: if that release / nack explains it (the same attempt
+        again after a release; the next one after a nack), apply it first."""
+        pending = rec.returning
+        if pending is None or pending.applied_by or pending.attempt != rec.lease_attempt:
+            return
+        if pending.choice == "release":
+            if a != pending.attempt:
+                return
+            self.released(rec, pending.attempt, pending.sent)
+        else:
+            if a != pending.attempt + 1:
+                return
+            pending.floor_before = rec.next_min_t
+            self.nacked(rec, pending.sent + pending.delay)
+        pending.applied_by = where
+        pending.delivered_at = t
+        self.report.stats[f"{pending.choice}_answer_read_after_the_delivery"] += 1
+
+    def returning_answered(self, rec: JobRec, pending: Returning) -> bool:
+        """The release / nack `pending` succeeded: False if a delivery already
+        applied it (nothing more to do), True if the caller applies it now."""
+        if rec.returning is pending:
+            rec.returning = None
+        return not pending.applied_by
+
+    def returning_fenced(self, rec: JobRec, pending: Returning) -> None:
+        """The release / nack `pending` was refused (never applied): a delivery that
+        took it for applied must be explained otherwise."""
+        if rec.returning is pending:
+            rec.returning = None
+        if not pending.applied_by:
+            return
+        # Refused, so the delivery came from the lease's expiry: a release's
+        # same-attempt redelivery cannot; a nack's next attempt, only after the lease.
+        self.check(
+            pending.choice != "release",
+            f"{pending.applied_by}: delivered again at the same attempt, but the "
+            "release of that attempt was refused",
+        )
+        self.check(
+            pending.delivered_at >= pending.floor_before,
+            f"{pending.applied_by}: delivered {pending.floor_before - pending.delivered_at} "
+            f"ms before its lease allowed ({pending.floor_before}); the nack was refused",
+        )
+
+    def returning_in_doubt(self, rec: JobRec, pending: Returning) -> bool:
+        """The release / nack `pending` got no answer: False if a delivery proved
+        it applied (nothing in doubt), True if the caller records the doubt."""
+        if rec.returning is pending:
+            rec.returning = None
+        return not pending.applied_by
+
+    def nacked(self, rec: JobRec, retry_at: int) -> None:
+        """An acknowledged nack (not to the dead letters) of the held lease."""
+        rec.lease_until = 0
+        rec.returned = True
+        rec.next_min_t = retry_at
 
     def released(self, rec: JobRec, attempt: int, sent: int) -> None:
         """An acknowledged release of `attempt`: the job is Ready again at once and
@@ -876,6 +958,12 @@ class Workload:
             (40, 10, 10, 5, 15, 12, 8, 6),
         )[0]
         sent = wall_ms()
+        pending: Returning | None = None
+        if choice == "release" or (
+            choice.startswith("nack") and not self._nack_kills(item, choice)
+        ):
+            delay = self._nack_delay(item, choice) if choice != "release" else 0
+            pending = rec.returning = Returning(choice, ctx.attempt, sent, delay)
         try:
             if choice == "ack":
                 await client.ack(ctx)
@@ -887,12 +975,14 @@ class Workload:
                 rec.acked = "ok"
                 rec.lease_until = 0
             elif choice.startswith("nack"):
-                await self.nack(client, item, choice, sent)
+                await self.nack(client, item, choice, sent, pending)
             elif choice == "extend":
                 await self.extend(client, item, sent, held)
             elif choice == "release":
                 await client.release(ctx)
-                ledger.released(rec, ctx.attempt, sent)
+                assert pending is not None
+                if ledger.returning_answered(rec, pending):
+                    ledger.released(rec, ctx.attempt, sent)
             elif choice == "abandon":
                 self.h.report.stats["leases_left_to_expire"] += 1
             else:
@@ -901,6 +991,8 @@ class Workload:
                 ledger.outcome()
         except (JobNotFoundError, AttemptMismatchError):
             ledger.outcome()
+            if pending is not None:
+                ledger.returning_fenced(rec, pending)
             ledger.fenced(rec, ctx.attempt, wall_ms(), choice)
         except SeppError as exc:
             if isinstance(exc, InvalidRequestError | UnauthenticatedError):
@@ -908,11 +1000,15 @@ class Workload:
                 return
             if not _in_doubt(exc):
                 # Never applied (the server was gone or busy): the lease is still ours.
+                if pending is not None:
+                    ledger.returning_fenced(rec, pending)
                 self.refused(exc)
                 held.append(item)
                 return
             ledger.outcome()
             self.h.report.stats[f"in_doubt_{choice}"] += 1
+            if pending is not None and not ledger.returning_in_doubt(rec, pending):
+                return  # a delivery already proved it applied
             nack = choice.startswith("nack")
             ledger.in_doubt(
                 rec,
@@ -941,7 +1037,9 @@ class Workload:
         ):
             self.stopping = True  # the server is gone, or going
 
-    async def nack(self, client: SeppClient, item: Held, choice: str, sent: int) -> None:
+    async def nack(
+        self, client: SeppClient, item: Held, choice: str, sent: int, pending: Returning | None
+    ) -> None:
         ctx, rec = item.job.ctx, item.rec
         directive = {
             "nack": RetryDirective.DEFAULT,
@@ -957,13 +1055,14 @@ class Workload:
             f"{rec.tag}: nack ({choice}) of attempt {ctx.attempt}/{rec.max_attempts} said "
             f"dead_lettered={dead_lettered}",
         )
-        rec.lease_until = 0
         if dead_lettered:
+            if pending is not None:
+                self.ledger.returning_answered(rec, pending)
+            rec.lease_until = 0
             rec.dead = "ok"
             rec.next_attempt = None
-        else:
-            rec.returned = True
-            rec.next_min_t = sent + self._nack_delay(item, choice)
+        elif pending is None or self.ledger.returning_answered(rec, pending):
+            self.ledger.nacked(rec, sent + self._nack_delay(item, choice))
 
     async def extend(self, client: SeppClient, item: Held, sent: int, held: list[Held]) -> None:
         ctx, rec = item.job.ctx, item.rec

@@ -119,6 +119,92 @@ def test_the_ledger_checks_a_drain_against_what_it_knows() -> None:
     assert "drain returned a dead letter twice" in text
 
 
+def _delivery(rec_tag: str, job_id: str, attempt: int, at_ms: int, lease_ms: int) -> object:
+    from datetime import UTC, datetime
+
+    from sepp.client import Job, JobCtx, Payload
+
+    ctx = JobCtx(
+        id=job_id,
+        queue="cq0",
+        job_type="crash-test",
+        priority=0,
+        attempt=attempt,
+        max_attempts=3,
+        enqueued_at=datetime.fromtimestamp(0, tz=UTC),
+        custom={},
+        trace_context=None,
+        lease_expires_at=datetime.fromtimestamp((at_ms + lease_ms) / 1000, tz=UTC),
+    )
+    return Job(Payload(rec_tag.encode(), "text/plain"), ctx)
+
+
+def test_a_release_answer_read_after_the_redelivery_it_allowed_is_no_violation() -> None:
+    """Found by CI (SEPP_SEED=2310261268 and 120960414): worker A releases attempt
+    2; the server applies it, a parked reserve of worker B gets the job again at
+    attempt 2, and both answers leave in the same group commit, on two
+    connections. The harness may read B's delivery first. The delivery proves the
+    release applied; the ledger must not call it an early redelivery, nor B's ack
+    of attempt 2 a surprise once A's answer arrives."""
+    from tools.crash import JobRec, Ledger, Returning
+
+    ledger = Ledger(Report(seed=0))
+    rec = JobRec("r", "cq0", 0, False, None, 3, None, job_id="id-r", enq="ok", next_attempt=None)
+    ledger.add(rec)
+    lease = 1_000
+    ledger.delivered(_delivery("r", "id-r", 2, 10_000, lease), lease)  # type: ignore[arg-type]
+    pending = rec.returning = Returning("release", 2, sent=10_100, delay=0)
+    ledger.delivered(_delivery("r", "id-r", 2, 10_120, lease), lease)  # type: ignore[arg-type]
+    assert ledger.returning_answered(rec, pending) is False  # applied already
+    assert rec.last_attempt == 2 and rec.lease_attempt == 2
+    assert not ledger.report.violations
+
+    # The same redelivery with no release in flight is still an early redelivery.
+    bad = Ledger(Report(seed=0))
+    lone = JobRec("b", "cq0", 0, False, None, 3, None, job_id="id-b", enq="ok", next_attempt=None)
+    bad.add(lone)
+    bad.delivered(_delivery("b", "id-b", 2, 10_000, lease), lease)  # type: ignore[arg-type]
+    bad.delivered(_delivery("b", "id-b", 2, 10_120, lease), lease)  # type: ignore[arg-type]
+    assert any("attempt not above 2" in v for v in bad.report.violations)
+    assert any("before its lease" in v for v in bad.report.violations)
+
+    # A release the delivery took for applied, then refused: the delivery is a violation.
+    refused = Ledger(Report(seed=0))
+    held = JobRec("f", "cq0", 0, False, None, 3, None, job_id="id-f", enq="ok")
+    refused.add(held)
+    refused.delivered(_delivery("f", "id-f", 1, 10_000, lease), lease)  # type: ignore[arg-type]
+    fenced = held.returning = Returning("release", 1, sent=10_100, delay=0)
+    refused.delivered(_delivery("f", "id-f", 1, 10_120, lease), lease)  # type: ignore[arg-type]
+    assert not refused.report.violations
+    refused.returning_fenced(held, fenced)
+    assert any("release of that attempt was refused" in v for v in refused.report.violations)
+
+
+def test_a_nack_answer_read_after_the_retry_it_allowed_is_no_violation() -> None:
+    """The nack form of the race above: attempt 3 delivered after the nack's retry
+    delay, before the nack's answer was read. Refused instead, the same delivery
+    came before the lease allowed: a violation."""
+    from tools.crash import JobRec, Ledger, Returning
+
+    lease = 1_000
+    for answer in ("ok", "refused"):
+        ledger = Ledger(Report(seed=0))
+        rec = JobRec(
+            "n", "cq0", 0, False, None, 3, None, job_id="id-n", enq="ok", next_attempt=None
+        )
+        ledger.add(rec)
+        ledger.delivered(_delivery("n", "id-n", 2, 10_000, lease), lease)  # type: ignore[arg-type]
+        pending = rec.returning = Returning("nack", 2, sent=10_100, delay=40)
+        ledger.delivered(_delivery("n", "id-n", 3, 10_150, lease), lease)  # type: ignore[arg-type]
+        assert not ledger.report.violations
+        if answer == "ok":
+            assert ledger.returning_answered(rec, pending) is False
+            assert rec.last_attempt == 3 and not ledger.report.violations
+        else:
+            ledger.returning_fenced(rec, pending)
+            assert any("the nack was refused" in v for v in ledger.report.violations)
+
+
 @pytest.mark.soak
 def test_soak_a_thousand_sigkills(seed: int) -> None:
     report = run_harness(HarnessOptions(crashes=1_000, seed=seed))
