@@ -444,8 +444,10 @@ class Ledger:
         else:
             if a != pending.attempt + 1:
                 return
+            # Explained by the nack (its retry time) or by the lease's expiry (the
+            # nack then gets fenced off): either floor; the answer tells which.
             pending.floor_before = rec.next_min_t
-            self.nacked(rec, pending.sent + pending.delay)
+            self.nacked(rec, min(rec.next_min_t, pending.sent + pending.delay))
         pending.applied_by = where
         pending.delivered_at = t
         self.report.stats[f"{pending.choice}_answer_read_after_the_delivery"] += 1
@@ -455,6 +457,13 @@ class Ledger:
         applied it (nothing more to do), True if the caller applies it now."""
         if rec.returning is pending:
             rec.returning = None
+        if pending.applied_by and pending.choice != "release":
+            retry_at = pending.sent + pending.delay
+            self.check(
+                pending.delivered_at >= retry_at,
+                f"{pending.applied_by}: delivered {retry_at - pending.delivered_at} ms before "
+                f"the retry delay of the nack that returned it allowed ({retry_at})",
+            )
         return not pending.applied_by
 
     def returning_fenced(self, rec: JobRec, pending: Returning) -> None:

@@ -205,6 +205,37 @@ def test_a_nack_answer_read_after_the_retry_it_allowed_is_no_violation() -> None
             assert any("the nack was refused" in v for v in ledger.report.violations)
 
 
+def test_a_delivery_at_the_lease_expiry_during_a_nack_is_checked_by_the_nack_answer() -> None:
+    """Found by the crash loop (SEPP_SEED=1515313963, 405726696): a nack sent just
+    as its lease expired; the sweep redelivered the next attempt at once (the nack
+    then fenced off). Before the answer is read, the delivery is explained by
+    either the nack's retry time or the lease's expiry; the answer decides."""
+    from tools.crash import JobRec, Ledger, Returning
+
+    lease = 1_000
+    for answer in ("fenced", "ok", "early"):
+        ledger = Ledger(Report(seed=0))
+        rec = JobRec(
+            "e", "cq0", 0, False, None, 3, None, job_id="id-e", enq="ok", next_attempt=None
+        )
+        ledger.add(rec)
+        ledger.delivered(_delivery("e", "id-e", 1, 10_000, lease), lease)  # type: ignore[arg-type]
+        # Sent at the lease deadline (11_000); retry 40 ms later.
+        pending = rec.returning = Returning("nack", 1, sent=11_000, delay=40)
+        at = 10_990 if answer == "early" else 11_005
+        ledger.delivered(_delivery("e", "id-e", 2, at, lease), lease)  # type: ignore[arg-type]
+        if answer == "early":  # before the lease and before the retry: caught at once
+            assert any("before its lease" in v for v in ledger.report.violations)
+            continue
+        assert not ledger.report.violations
+        if answer == "fenced":
+            ledger.returning_fenced(rec, pending)
+            assert not ledger.report.violations
+        else:  # the nack applied, yet the job came back before its retry delay
+            ledger.returning_answered(rec, pending)
+            assert any("retry delay of the nack" in v for v in ledger.report.violations)
+
+
 @pytest.mark.soak
 def test_soak_a_thousand_sigkills(seed: int) -> None:
     report = run_harness(HarnessOptions(crashes=1_000, seed=seed))
