@@ -19,8 +19,12 @@ ledger (`Ledger`) and its checks. What it does, per cycle:
 3. drive a seeded mixed workload from several client connections (`SeppClient`):
    single, batch and atomic enqueues, with and without idempotency keys and
    schedules; reserves; acks; nacks of every kind; extends; releases; leases left to
-   expire; stale acks (fencing); and (unless `--no-fuzz`) a hostile connection
-   sending junk frames, huge lengths, wrong types and half-closes alongside;
+   expire; stale acks (fencing); (unless `--no-admin`) an operator calling the
+   native admin methods (issue 15) one at a time, each with a reason: cancel and
+   dead-letter jobs by id, requeue and delete dead letters by id, pause and resume
+   the workers' queues, fill and purge a queue of its own (PURGE_QUEUE); and
+   (unless `--no-fuzz`) a hostile connection sending junk frames, huge lengths,
+   wrong types and half-closes alongside;
 4. end the cycle with SIGKILL at a random moment, once the cycle's workload has
    had at least `CYCLE_OPERATIONS_MIN` operations checked — or (unless `--no-points`) let
    the server kill itself at a storage hook point (`SEPP_FAULT_CRASH_AT`, see
@@ -68,7 +72,20 @@ of a delivery, read exactly from its lease: lease_expires_at - lease_ms):
 6. atomic batches are all-or-nothing across the crash: of an in-doubt atomic
    batch either every job shows up (in S or delivered) or none;
 7. `sepp-log verify` passes on every crashed directory and the restarted server
-   starts; after a graceful stop its final snapshot equals the replay of its log.
+   starts; after a graceful stop its final snapshot equals the replay of its log;
+8. admin mutations: every per-id outcome is possible given what the ledger knew
+   when it sent the call (done is a violation for a job finished before, for a
+   cancel / dead-letter of a dead letter or of a job leased for sure past the
+   answer with no worker acting on it; not_found for a job or dead letter that
+   existed for sure); done applies it: a cancelled, deleted or purged job is gone
+   like an acknowledged ack (never delivered or recovered again), a dead-lettered
+   one is a dead letter the drain must return, a requeued one is Ready at attempt
+   1 -- the one time an attempt may go back, allowed only then (also when the
+   requeue's answer is read after that delivery, or the requeue was in doubt and
+   S or a delivery shows it applied); a purge of PURGE_QUEUE deletes exactly the
+   jobs the ledger holds there; no delivery from a queue after its acknowledged
+   pause (decided after the answer came) until a resume is sent, and an
+   acknowledged pause or resume survives the crash (S's queue table).
 
 At the end every job the ledger holds must be delivered and acked (or drained as
 a dead letter) by a final worker: liveness after leases lapse, with the exact
@@ -99,6 +116,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -127,6 +145,7 @@ from sepp.client import (
     JobRejectedError,
     OverloadedError,
     Payload,
+    PermissionDeniedError,
     ReserveOptions,
     RetryDirective,
     SeppClient,
@@ -148,6 +167,10 @@ from .verify import verify
 __all__ = ["HarnessOptions", "Ledger", "Report", "main", "run_harness"]
 
 QUEUES = ("cq0", "cq1", "cq2")
+# The operator's own queue: only it enqueues there and no worker reserves from it,
+# so the ledger knows exactly which jobs a purge of it must delete.
+PURGE_QUEUE = "cpurge"
+ALL_QUEUES = (*QUEUES, PURGE_QUEUE)
 DEFAULT_MAX_ATTEMPTS = 3
 # The retry policy the server is configured with (env below): the harness
 # predicts every default nack's delay exactly with the reference model's formula.
@@ -196,6 +219,7 @@ class HarnessOptions:
     fast: bool = False
     points: bool = True  # mix in self-inflicted crashes at storage hook points
     fuzz: bool = True  # a hostile connection alongside the workload
+    admin: bool = True  # an operator alongside: admin mutations by id, pause, purge
     disk_faults: bool = True  # torn tails and flipped bits between cycles
     final: bool = True  # end with the drain-everything phase and a graceful stop
     drain_every: int = DRAIN_EVERY  # cycles between mid-run dead-letter drains (0: never)
@@ -257,6 +281,24 @@ class Returning:
 
 
 @dataclass
+class AdminPending:
+    """An admin mutation of one job by id (cancel, dead_letter, requeue, delete),
+    sent and not yet answered, with what the ledger knew of the job when it was
+    sent. A requeue's answer and the delivery it makes possible travel on different
+    connections (like a release's, see `Returning`): a delivery at attempt 1 of a
+    job known dead proves the requeue applied, so the ledger applies it then."""
+
+    action: str
+    sent: int
+    gone: bool  # finished for sure (acked, cancelled, deleted, drained, never enqueued)
+    dead: bool  # a dead letter for sure
+    exists: bool  # a job or a dead letter for sure, and no worker acting on it
+    quiet: bool  # no worker op on it in flight when sent
+    acts: int  # its worker op count when sent
+    applied_by: str = ""  # the delivery that proved a requeue applied
+
+
+@dataclass
 class JobRec:
     """What the client side knows of one job it asked to enqueue."""
 
@@ -281,6 +323,11 @@ class JobRec:
     lease_until: int = 0  # in flight at lease_attempt until then, for sure (0: no)
     extend_doubt: list[tuple[int, int]] = field(default_factory=list)  # (lo, hi) deadlines
     returning: Returning | None = None  # a release / nack of the lease awaiting its answer
+    acting: int = 0  # worker ops on it in flight (ack, nack, extend, release, ...)
+    acts: int = 0  # worker ops on it ever started
+    removed: str = ""  # the admin action that deleted it (cancel, delete, purge)
+    admin: AdminPending | None = None  # an admin mutation of it awaiting its answer
+    requeue_doubt: int = 0  # sent time of an in-doubt requeue of it (0: none)
 
 
 class Ledger:
@@ -300,6 +347,12 @@ class Ledger:
         self._backlog = 0
         self._backlog_at = 0.0
         self.next_op = 0
+        # Per queue: "no" / "ok" (an acknowledged pause, no resume sent since) /
+        # "pausing" / "resuming" (sent, not answered) / "maybe" (in doubt).
+        self.paused: dict[str, str] = dict.fromkeys(ALL_QUEUES, "no")
+        # When the acknowledged pause was answered: any delivery the server decided
+        # later (t > this) from that queue is a violation (0: since the restart).
+        self.paused_at: dict[str, int] = dict.fromkeys(ALL_QUEUES, 0)
 
     def violation(self, text: str) -> None:
         self.report.violations.append(text)
@@ -360,9 +413,18 @@ class Ledger:
         t = deadline - lease_ms
         a = ctx.attempt
         where = f"{tag} ({ctx.id}) attempt {a} at {t}"
+        self._requeued_by_delivery(rec, a, where)
         self._returned_by_delivery(rec, a, t, where)
+        self.check(
+            self.paused.get(ctx.queue) != "ok" or t <= self.paused_at[ctx.queue],
+            f"{where}: delivered from queue {ctx.queue}, paused (acknowledged at "
+            f"{self.paused_at[ctx.queue] or 'the restart'}) and not resumed",
+        )
         self.check(rec.enq != "no", f"{where}: delivered, but its enqueue never happened")
-        self.check(rec.acked != "ok", f"{where}: delivered again after an acknowledged ack")
+        self.check(
+            rec.acked != "ok",
+            f"{where}: delivered again after an acknowledged {rec.removed or 'ack'}",
+        )
         self.check(rec.dead != "ok", f"{where}: delivered after it was dead-lettered")
         self.check(rec.dead != "drained", f"{where}: delivered after its dead letter was drained")
         self.check(
@@ -518,6 +580,217 @@ class Ledger:
         if rec.lease_attempt == attempt:
             rec.lease_until = 0
 
+    # -- admin mutations (issue 15): by ids, pause / resume, purge ---------------------
+
+    def _requeued_by_delivery(self, rec: JobRec, a: int, where: str) -> None:
+        """A delivery at attempt 1 of a job known dead while a requeue of it awaits
+        its answer (or got none): only the requeue explains it; apply it first."""
+        if a != 1 or rec.dead != "ok":
+            return
+        pending = rec.admin
+        if pending is not None and pending.action == "requeue" and not pending.applied_by:
+            self.requeued(rec, pending.sent)
+            pending.applied_by = where
+            self.report.stats["requeue_answer_read_after_the_delivery"] += 1
+        elif rec.requeue_doubt:
+            self.requeued(rec, rec.requeue_doubt)
+
+    def requeued(self, rec: JobRec, sent: int) -> None:
+        """A requeue of the dead letter applied: Ready again at once, at attempt 1
+        (the one time an attempt may go back)."""
+        rec.dead = "no"
+        rec.last_attempt = 0
+        rec.next_attempt = 1
+        rec.next_min_t = sent
+        rec.returned = False
+        rec.lease_attempt = rec.lease_until = rec.lease_deadline = 0
+        rec.extend_doubt = []
+        rec.requeue_doubt = 0
+
+    def admin_sent(self, rec: JobRec, action: str, sent: int) -> AdminPending:
+        """`action` of `rec` by id is about to be sent: what the ledger knows now."""
+        quiet = rec.acting == 0
+        pending = AdminPending(
+            action,
+            sent,
+            gone=rec.acked == "ok" or rec.dead == "drained" or rec.enq == "no",
+            dead=rec.dead == "ok" and rec.acked == "no",
+            exists=quiet
+            and rec.seen
+            and rec.enq == "ok"
+            and rec.acked == "no"
+            and rec.dead in ("no", "ok", "maybe")
+            and not rec.requeue_doubt,
+            quiet=quiet,
+            acts=rec.acts,
+        )
+        rec.admin = pending
+        return pending
+
+    def admin_answered(
+        self, rec: JobRec, pending: AdminPending, outcome: str, received: int
+    ) -> None:
+        """The per-id outcome of `pending`, answered at `received`: checked against
+        what the ledger knew, then applied (done: cancel / delete = gone, like an
+        acknowledged ack; dead_letter = dead; requeue = Ready at attempt 1)."""
+        if rec.admin is pending:
+            rec.admin = None
+        action = pending.action
+        where = f"{rec.tag} ({rec.job_id}): {action} sent at {pending.sent} answered {outcome}"
+        by_id = action in ("cancel", "dead_letter")  # live jobs; else dead letters
+        # No worker acted on it from before the send to the answer.
+        quiet = pending.quiet and rec.acting == 0 and rec.acts == pending.acts
+        if outcome == "done":
+            self.check(
+                not pending.gone, f"{where}, but it was finished before ({rec.removed or 'acked'})"
+            )
+            if by_id:
+                self.check(not pending.dead, f"{where}, but it was a dead letter")
+                # Leased for sure past the answer: the server saw it in flight.
+                self.check(
+                    not (quiet and rec.lease_until > received),
+                    f"{where}, but it was in flight (attempt {rec.lease_attempt}) until "
+                    f"{rec.lease_until} for sure",
+                )
+            if action in ("cancel", "delete"):
+                rec.acked = "ok"
+                rec.removed = action
+                rec.dead = "no" if rec.dead == "ok" else rec.dead
+                rec.lease_until = 0
+            elif action == "dead_letter":
+                rec.dead = "ok"
+                rec.lease_until = 0
+                rec.next_attempt = None
+            elif not pending.applied_by:
+                self.requeued(rec, pending.sent)
+            return
+        self.check(
+            not pending.applied_by,
+            f"{pending.applied_by}: delivered at attempt 1 after it was dead-lettered, but "
+            f"its requeue answered {outcome}",
+        )
+        if outcome == "not_found":
+            if by_id:
+                self.check(not (pending.exists and quiet), f"{where}, but the job existed")
+            else:
+                self.check(not pending.dead, f"{where}, but it was a dead letter")
+        elif outcome == "wrong_state":
+            self.check(by_id, f"{where}: a {action} by id answers done or not_found")
+            self.check(not pending.gone, f"{where}, but it was gone (finished) before")
+        else:
+            self.violation(f"{where}: an outcome the protocol does not have")
+
+    def admin_in_doubt(self, rec: JobRec, pending: AdminPending) -> None:
+        """`pending` got no answer: it may or may not have been applied; the next
+        crash check decides (a delivery may tell before, for a requeue)."""
+        if rec.admin is pending:
+            rec.admin = None
+        if pending.applied_by or rec.tag not in self.active:
+            return
+        if pending.action in ("cancel", "delete") and rec.acked == "no":
+            rec.acked = "doubt"
+        if pending.action == "delete" and rec.dead == "ok":
+            rec.dead = "maybe"
+        if pending.action == "dead_letter" and rec.dead == "no":
+            rec.dead = "maybe"
+        if pending.action == "requeue" and rec.dead == "ok":
+            rec.requeue_doubt = pending.sent
+
+    def admin_refused(self, rec: JobRec, pending: AdminPending, error: str) -> None:
+        """`pending` was refused as a whole (never applied)."""
+        if rec.admin is pending:
+            rec.admin = None
+        self.check(
+            not pending.applied_by,
+            f"{pending.applied_by}: delivered at attempt 1 after it was dead-lettered, but "
+            f"its requeue was refused ({error})",
+        )
+
+    def purge_candidates(self) -> tuple[list[JobRec], list[JobRec]]:
+        """The jobs of PURGE_QUEUE: live (Ready or Scheduled: nobody reserves
+        there) for sure, and those that may be live (an in-doubt operation)."""
+        sure: list[JobRec] = []
+        maybe: list[JobRec] = []
+        for tag in self.active:
+            rec = self.jobs[tag]
+            if rec.queue != PURGE_QUEUE:
+                continue
+            if rec.enq == "ok" and rec.acked == "no" and rec.dead == "no":
+                sure.append(rec)
+            elif rec.acked != "ok" and (
+                (rec.enq != "no" and rec.dead != "ok") or rec.requeue_doubt
+            ):
+                maybe.append(rec)
+        return sure, maybe
+
+    def purged(self, sure: list[JobRec], maybe: list[JobRec], purged: int, remaining: int) -> None:
+        """An acknowledged purge of PURGE_QUEUE (under one chunk): every job live
+        for sure when it was sent is gone, and it counted exactly those (plus any
+        of the in-doubt ones)."""
+        self.check(
+            len(sure) <= purged <= len(sure) + len(maybe) and remaining == 0,
+            f"purge of {PURGE_QUEUE} answered purged={purged} remaining={remaining}; the "
+            f"ledger holds {len(sure)} jobs there for sure and {len(maybe)} maybe",
+        )
+        for rec in sure:
+            rec.acked = "ok"
+            rec.removed = "purge"
+        if purged > len(sure):
+            for rec in maybe:
+                rec.acked = "doubt"
+
+    def purge_in_doubt(self, sure: list[JobRec], maybe: list[JobRec]) -> None:
+        for rec in (*sure, *maybe):
+            if rec.acked == "no":
+                rec.acked = "doubt"
+
+    def pause_sent(self, queue: str, pause: bool) -> str:
+        """A pause / resume of `queue` is about to be sent; deliveries from it are
+        allowed until the answer (they may have been decided before). Returns
+        the state before, for `pause_answered`."""
+        before = self.paused[queue]
+        self.paused[queue] = "pausing" if pause else "resuming"
+        return before
+
+    def pause_answered(
+        self, queue: str, pause: bool, before: str, paused: bool, changed: bool, received: int
+    ) -> None:
+        self.check(
+            paused == pause, f"{'pause' if pause else 'resume'} of {queue} answered paused={paused}"
+        )
+        if before in ("no", "ok"):
+            self.check(
+                changed == ((before == "ok") != pause),
+                f"{'pause' if pause else 'resume'} of {queue} answered changed={changed}, "
+                f"the queue was {'paused' if before == 'ok' else 'running'}",
+            )
+        self.paused[queue] = "ok" if pause else "no"
+        self.paused_at[queue] = received
+
+    def pause_in_doubt(self, queue: str) -> None:
+        self.paused[queue] = "maybe"
+
+    def pause_refused(self, queue: str, before: str) -> None:
+        self.paused[queue] = before
+
+    def _check_paused(self, state: State) -> None:
+        """An acknowledged pause survives the crash, an acknowledged resume too;
+        in-doubt ones are what S says. Adopts S."""
+        for queue in ALL_QUEUES:
+            q = state.queues.get(queue)
+            paused = q is not None and q.paused
+            mine = self.paused[queue]
+            if mine in ("no", "ok"):
+                self.check(
+                    paused == (mine == "ok"),
+                    f"queue {queue}: paused={paused} in the recovered state, but its "
+                    f"{'pause' if mine == 'ok' else 'resume'} was acknowledged",
+                )
+            else:
+                self.report.stats["in_doubt_pause_resolved"] += 1
+            self.paused[queue] = "ok" if paused else "no"
+            self.paused_at[queue] = 0
+
     # -- the crash: check against S, then adopt S ------------------------------------
 
     def check_recovered(self, state: State, kill_ms: int) -> None:
@@ -554,6 +827,7 @@ class Ledger:
                 f"atomic batch {op}: only {sum(existed)} of {len(members)} jobs exist",
             )
         self.atomic_ops.clear()
+        self._check_paused(state)
         sample = random.Random(kill_ms).sample(self.durable_keys, min(len(self.durable_keys), 200))
         for rec in [*self.fresh_keys, *sample]:
             if rec.job_id is not None:
@@ -566,6 +840,7 @@ class Ledger:
 
     def _missing(self, rec: JobRec) -> None:
         where = f"{rec.tag} ({rec.job_id})"
+        rec.requeue_doubt = 0  # applied or not, the job (or its dead letter) stays
         if rec.enq == "ok" or rec.seen:
             self.check(
                 rec.acked in ("ok", "doubt"),
@@ -579,8 +854,10 @@ class Ledger:
     def _present(self, rec: JobRec, job: Any, state: State, kill_ms: int) -> None:
         status, attempt, due = job.status, job.attempt, job.due_ms
         where = f"{rec.tag} ({job.job_id}) recovered with attempt {attempt}, status {status}"
+        if rec.requeue_doubt:
+            self.requeued(rec, rec.requeue_doubt)  # live again: the in-doubt requeue applied
         self.check(rec.enq != "no", f"{where}: its enqueue never happened")
-        self.check(rec.acked != "ok", f"{where}: an acknowledged ack was undone")
+        self.check(rec.acked != "ok", f"{where}: an acknowledged {rec.removed or 'ack'} was undone")
         self.check(rec.dead != "ok", f"{where}: a dead letter came back")
         self.check(job.max_attempts == rec.max_attempts, f"{where}: max_attempts changed")
         self.check(attempt <= job.max_attempts, f"{where}: attempt above max_attempts")
@@ -622,6 +899,7 @@ class Ledger:
 
     def _dead(self, rec: JobRec, dead: Any) -> None:
         where = f"{rec.tag} ({dead.job.job_id}) dead-lettered at attempt {dead.final_attempt}"
+        rec.requeue_doubt = 0  # still a dead letter: the in-doubt requeue did not apply
         self.check(rec.enq != "no", f"{where}: its enqueue never happened")
         self.check(rec.acked != "ok", f"{where}: an acknowledged ack was undone")
         floor = rec.last_attempt + (1 if rec.returned else 0)
@@ -815,10 +1093,12 @@ class Workload:
 
     # -- producers ---------------------------------------------------------------
 
-    def _request(self, op: int, i: int, atomic: bool, keyed: bool) -> tuple[EnqueueRequest, JobRec]:
+    def _request(
+        self, op: int, i: int, atomic: bool, keyed: bool, queue: str | None = None
+    ) -> tuple[EnqueueRequest, JobRec]:
         rng = self.rng
         tag = f"{self.h.run_tag}-e{op}-{i}"
-        queue = rng.choice(QUEUES)
+        queue = queue or rng.choice(QUEUES)
         key = f"k-{tag}" if keyed else None
         max_attempts = rng.choice((None, 1, 2, 3, 5))
         scheduled = None
@@ -959,6 +1239,15 @@ class Workload:
                     held.append(Held(job, rec, lease_ms))
 
     async def act(self, client: SeppClient, item: Held, held: list[Held]) -> None:
+        rec = item.rec
+        rec.acting += 1
+        rec.acts += 1
+        try:
+            await self._act(client, item, held)
+        finally:
+            rec.acting -= 1
+
+    async def _act(self, client: SeppClient, item: Held, held: list[Held]) -> None:
         rng, ledger = self.rng, self.ledger
         ctx, rec = item.job.ctx, item.rec
         ledger.op_id()
@@ -1114,6 +1403,169 @@ class Workload:
         self.ledger.violation(f"{rec.tag}: an ack of stale attempt {ctx.attempt - 1} succeeded")
         rec.acked = "ok"
 
+    # -- an operator (issue 15's admin mutations) ------------------------------------
+
+    async def operator(self, client: SeppClient) -> None:
+        """One operator, one call at a time, over the native admin methods: cancels
+        and dead-letters jobs by id, requeues and deletes dead letters by id,
+        pauses and resumes queues, fills and purges PURGE_QUEUE; every call with a
+        reason. Each per-id outcome is checked and applied by the ledger."""
+        rng = self.rng
+        while not self.stopping and self.server.alive:
+            await asyncio.sleep(rng.uniform(0.01, 0.06))  # pacing, not a wait
+            if self.stopping:
+                return
+            kind = rng.choices(
+                ("cancel", "dead_letter", "requeue", "delete", "pause", "fill", "purge"),
+                (18, 18, 18, 8, 16, 14, 8),
+            )[0]
+            self.ledger.op_id()
+            if kind == "pause":
+                await self.pause_or_resume(client)
+            elif kind == "fill":
+                await self.fill_purge_queue(client)
+            elif kind == "purge":
+                await self.purge(client)
+            else:
+                await self.admin_by_ids(client, kind)
+
+    def _admin_failed(self, what: str, exc: SeppError) -> bool:
+        """An admin call failed: True if it may have been applied (in doubt)."""
+        if isinstance(exc, InvalidRequestError | UnauthenticatedError | PermissionDeniedError):
+            self.ledger.violation(f"{what} refused unexpectedly: {exc!r}")
+            return False
+        if not _in_doubt(exc):
+            self.refused(exc)
+            return False
+        self.ledger.outcome()
+        self.h.report.stats[f"in_doubt_{what.split()[0]}"] += 1
+        return True
+
+    async def admin_by_ids(self, client: SeppClient, kind: str) -> None:
+        rng, ledger = self.rng, self.ledger
+        active = [ledger.jobs[tag] for tag in ledger.active]
+        if kind in ("requeue", "delete"):
+            # Dead letters no worker still holds a lease of: a requeue resets the
+            # attempt to 1, and an old lease of the same attempt number would fence
+            # nothing (the attempt is the fencing token).
+            held = {id(item.rec) for items in self.h.held for item in items}
+            pool = [r for r in active if r.dead == "ok" and r.acting == 0 and id(r) not in held]
+        else:
+            pool = [r for r in active if r.job_id is not None and r.acked != "ok"]
+            if rng.random() < 0.7:  # mostly jobs likely Ready or Scheduled (done)
+                pool = [r for r in pool if r.dead == "no" and not r.lease_until] or pool
+        picked = rng.sample(pool, min(len(pool), rng.randrange(1, 4)))
+        if rng.random() < 0.1 and ledger.by_id:
+            other = rng.choice(list(ledger.by_id.values()))  # any job: finished ones too
+            if other not in picked and (kind in ("cancel", "dead_letter") or other in pool):
+                picked.append(other)
+        unknown: str | None = None
+        if not picked or rng.random() < 0.1:
+            unknown = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        ids = [r.job_id or "" for r in picked] + ([unknown] if unknown else [])
+        sent = wall_ms()
+        pendings = [(r, ledger.admin_sent(r, kind, sent)) for r in picked]
+        method = {
+            "cancel": client.cancel_jobs,
+            "dead_letter": client.dead_letter_jobs,
+            "requeue": client.requeue_dead_letters,
+            "delete": client.delete_dead_letters,
+        }[kind]
+        try:
+            answer = await method(ids, reason=f"crash-test {kind}")
+        except SeppError as exc:
+            in_doubt = self._admin_failed(f"{kind} by id", exc)
+            for rec, pending in pendings:
+                if in_doubt:
+                    ledger.admin_in_doubt(rec, pending)
+                else:
+                    ledger.admin_refused(rec, pending, repr(exc))
+            return
+        received = wall_ms()
+        ledger.outcome()
+        outcomes = dict(answer.outcomes)
+        ledger.check(
+            len(answer.outcomes) == len(ids) and set(outcomes) == set(ids),
+            f"{kind} of {ids} answered for {[jid for jid, _ in answer.outcomes]}",
+        )
+        for rec, pending in pendings:
+            outcome = outcomes.get(rec.job_id or "", "missing")
+            ledger.admin_answered(rec, pending, outcome, received)
+            self.h.report.stats[f"admin_{kind}_{outcome}"] += 1
+        if unknown is not None:
+            ledger.check(
+                outcomes.get(unknown) == "not_found",
+                f"{kind} of an id nobody enqueued answered {outcomes.get(unknown)}",
+            )
+
+    async def pause_or_resume(self, client: SeppClient) -> None:
+        rng, ledger = self.rng, self.ledger
+        paused = [q for q in QUEUES if ledger.paused[q] != "no"]
+        if paused and rng.random() < 0.8:
+            queue, pause = rng.choice(paused), False
+        else:
+            # Now and then pause a paused queue again (changed=False), or resume a
+            # running one; else pause one of the workers' queues for a while.
+            queue, pause = rng.choice(QUEUES), rng.random() < 0.85
+        before = ledger.pause_sent(queue, pause)
+        call = client.pause_queue if pause else client.resume_queue
+        action = "pause" if pause else "resume"
+        try:
+            change = await call(queue, reason=f"crash-test {action}")
+        except SeppError as exc:
+            if self._admin_failed(f"{action} of {queue}", exc):
+                ledger.pause_in_doubt(queue)
+            else:
+                ledger.pause_refused(queue, before)
+            return
+        ledger.outcome()
+        ledger.check(change.queue == queue, f"{action} of {queue} answered for {change.queue}")
+        ledger.pause_answered(queue, pause, before, change.paused, change.changed, wall_ms())
+        self.h.report.stats[f"admin_{action}{'' if change.changed else '_unchanged'}"] += 1
+
+    async def fill_purge_queue(self, client: SeppClient) -> None:
+        """Enqueue a few jobs to PURGE_QUEUE (some scheduled): its only producer."""
+        rng, ledger = self.rng, self.ledger
+        op = ledger.op_id()
+        pairs = [
+            self._request(op, i, False, False, PURGE_QUEUE) for i in range(rng.randrange(1, 5))
+        ]
+        try:
+            results = await client.enqueue_batch([req for req, _ in pairs])
+        except SeppError as exc:
+            if not _in_doubt(exc):
+                for _, rec in pairs:
+                    rec.enq = "no"
+                self.refused(exc)
+            else:
+                ledger.outcome()
+                self.h.report.stats["in_doubt_enqueue"] += 1
+            return
+        ledger.outcome()
+        for (_, rec), result in zip(pairs, results, strict=True):
+            if not isinstance(result, EnqueueAck):
+                ledger.violation(f"{rec.tag}: rejected: {result}")
+                rec.enq = "no"
+                continue
+            rec.enq = "ok"
+            rec.seen = True
+            ledger.learn_id(rec, result.job_id)
+
+    async def purge(self, client: SeppClient) -> None:
+        ledger = self.ledger
+        sure, maybe = ledger.purge_candidates()
+        try:
+            result = await client.purge_queue(PURGE_QUEUE, reason="crash-test purge")
+        except SeppError as exc:
+            if self._admin_failed("purge", exc):
+                ledger.purge_in_doubt(sure, maybe)
+            return
+        ledger.outcome()
+        ledger.check(result.queue == PURGE_QUEUE, f"purge answered for {result.queue}")
+        ledger.purged(sure, maybe, result.purged, result.remaining)
+        self.h.report.stats["admin_purge"] += 1
+        self.h.report.stats["admin_purged_jobs"] += result.purged
+
     # -- a hostile neighbour -------------------------------------------------------------
 
     async def fuzzer(self) -> None:
@@ -1150,6 +1602,8 @@ class Workload:
             tasks.append(asyncio.create_task(self.producer(await self.client())))
         for i, held in enumerate(held_by_worker):
             tasks.append(asyncio.create_task(self.worker(await self.client(), f"w{i}", held)))
+        if self.h.options.admin:
+            tasks.append(asyncio.create_task(self.operator(await self.client())))
         if self.h.options.fuzz:
             tasks.append(asyncio.create_task(self.fuzzer()))
         await until_dead
@@ -1254,8 +1708,8 @@ class Harness:
     async def _probe(self, client: SeppClient) -> None:
         assert self.state is not None
         expected = self.ledger.expected_totals(self.state)
-        stats = {s.name: s for s in await client.queue_stats(list(QUEUES))}
-        for queue in QUEUES:
+        stats = {s.name: s for s in await client.queue_stats(list(ALL_QUEUES))}
+        for queue in ALL_QUEUES:
             s = stats[queue]
             total = s.ready + s.scheduled + s.in_flight + s.dead_lettered
             self.ledger.check(
@@ -1495,6 +1949,13 @@ class Harness:
         client = SeppClient(server.address, rpc_timeout=RPC_TIMEOUT)
         ledger = self.ledger
         try:
+            for queue in ALL_QUEUES:  # the operator may have left a queue paused
+                if ledger.paused[queue] != "no":
+                    before = ledger.pause_sent(queue, False)
+                    change = await client.resume_queue(queue, reason="crash-test final")
+                    ledger.pause_answered(
+                        queue, False, before, change.paused, change.changed, wall_ms()
+                    )
             live = [
                 r
                 for r in ledger.jobs.values()
@@ -1506,7 +1967,7 @@ class Harness:
             deadline = time.monotonic() + 30.0
             while pending and time.monotonic() < deadline:
                 options = ReserveOptions(
-                    queues=list(QUEUES),
+                    queues=list(ALL_QUEUES),
                     lease_duration=timedelta(seconds=20),
                     wait_timeout=timedelta(milliseconds=200),
                     max_jobs=64,
@@ -1537,7 +1998,7 @@ class Harness:
                 ledger.jobs[tag].dead = "ok"
             # Wait for those leases to lapse (the sweep runs at each deadline).
             while time.monotonic() < deadline:
-                stats = await client.queue_stats(list(QUEUES))
+                stats = await client.queue_stats(list(ALL_QUEUES))
                 if all(s.in_flight == 0 for s in stats):
                     break
                 await asyncio.sleep(0.05)
@@ -1550,7 +2011,7 @@ class Harness:
                 f"dead letters drained {len(dead)}, ledger expects {len(expected_dead)}: "
                 f"{sorted(set(dead) ^ set(expected_dead))[:5]}",
             )
-            stats = await client.queue_stats(list(QUEUES))
+            stats = await client.queue_stats(list(ALL_QUEUES))
             left = {s.name: (s.ready, s.scheduled, s.in_flight, s.dead_lettered) for s in stats}
             ledger.check(
                 all(v == (0, 0, 0, 0) for v in left.values()), f"jobs left at the end: {left}"
@@ -1621,6 +2082,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="short cycles (the CI setting)")
     parser.add_argument("--no-points", action="store_true", help="no crashes at hook points")
     parser.add_argument("--no-fuzz", action="store_true", help="no hostile connection")
+    parser.add_argument("--no-admin", action="store_true", help="no operator (admin mutations)")
     parser.add_argument("--no-disk-faults", action="store_true", help="no torn tails or bit flips")
     parser.add_argument("--workdir", help="keep data and logs here (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir even on success")
@@ -1644,6 +2106,7 @@ def main(argv: list[str] | None = None) -> int:
         fast=args.fast,
         points=not args.no_points,
         fuzz=not args.no_fuzz,
+        admin=not args.no_admin,
         disk_faults=not args.no_disk_faults,
         drain_every=args.drain_every,
         workdir=args.workdir,
@@ -1658,6 +2121,7 @@ def main(argv: list[str] | None = None) -> int:
             ("--fast", args.fast),
             ("--no-points", args.no_points),
             ("--no-fuzz", args.no_fuzz),
+            ("--no-admin", args.no_admin),
             ("--no-disk-faults", args.no_disk_faults),
             (f"--drain-every {args.drain_every}", args.drain_every != DRAIN_EVERY),
         )
