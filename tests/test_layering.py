@@ -90,6 +90,7 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "sepp.admin",
             "sepp.server.service",
+            "sepp.server.admin_shapes",
             "sepp.server.metrics",
             "sepp.server.pipeline",
             "sepp.core",
@@ -138,6 +139,30 @@ FILE_RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "msgpack",
             "aiohttp",
             "grpc",
+        ),
+    ),
+    # The admin API's enqueue takes the native protocol's job map (the payload in
+    # base64) and checks it with the native front's own parser and translation
+    # (protocol.messages.parse_job, server.wire.new_job / enqueue_body), so both
+    # fronts validate and answer a job alike; otherwise the admin folder's rule.
+    "sepp/admin/api.py": (
+        (
+            "sepp.admin",
+            "sepp.server.service",
+            "sepp.server.admin_shapes",
+            "sepp.core",
+            "sepp.protocol.messages",
+            "sepp.protocol.errors",
+            "sepp.server.wire",
+        ),
+        (
+            "tools",
+            "log_format",
+            "sepp.storage",
+            "sepp.client",
+            "sepp.server.server",
+            "sepp.server.native_admin",
+            "sepp.protocol.framing",
         ),
     ),
     # The attacks (issue 13) speak raw frames to a real `sepp serve` process.

@@ -1,6 +1,8 @@
 """The admin HTTP listener: an aiohttp app in the server's own event loop.
 
-Owns: `AdminListener` (bind, start, stop) and the routes that need no auth:
+Owns: `AdminListener` (bind, start, stop), the route table (`build_app`): the
+admin API under /admin/api/v1 (api.py, behind auth.py's middleware; on the admin
+listener only), and the routes that need no auth:
 - `GET /livez`: 200 while the process answers;
 - `GET /readyz`: 200 once recovery is done and while serving; 503 (with the
   reason as text) once shutdown began or storage failed. The listener starts
@@ -11,7 +13,8 @@ Owns: `AdminListener` (bind, start, stop) and the routes that need no auth:
 Promises: a request never waits for storage or for the commit pipeline; the
 listener closes at the end of shutdown, so /readyz answers 503 while it runs.
 Started only by SeppServer.start when [admin] listen_addr is not "off"; a
-non-loopback address without admin keys never gets here (config.py refuses it).
+non-loopback address without admin keys never gets here (config.py refuses it;
+if a reload empties the keys later, auth.py answers 401: it fails closed).
 """
 
 from __future__ import annotations
@@ -21,13 +24,25 @@ import socket
 
 from aiohttp import web
 
+from sepp.admin.api import add_api_routes
+from sepp.admin.auth import (
+    API_PREFIX,
+    LOOPBACK_KEY,
+    SERVICE_KEY,
+    api_middleware,
+    is_loopback_address,
+)
 from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 from sepp.server.service import SeppService
 
 log = logging.getLogger("sepp.admin")
 
 
-def build_app(service: SeppService) -> web.Application:
+def build_app(service: SeppService, *, api: bool = False, loopback: bool = True) -> web.Application:
+    """The app of one listener: /livez, /readyz, /metrics, and with `api` the
+    admin API (`loopback`: the listener's address is a loopback one, which a
+    server without admin keys needs, auth.py). A request body may be at most
+    limits.max_message_bytes (413 past it), like a native frame."""
     registry = metrics_registry(service)
 
     async def livez(request: web.Request) -> web.Response:
@@ -45,10 +60,21 @@ def build_app(service: SeppService) -> web.Application:
         body = render_metrics(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application()
+    app = web.Application(
+        middlewares=[api_middleware],
+        client_max_size=service.config.get("limits", "max_message_bytes"),
+    )
+    app[SERVICE_KEY] = service
+    app[LOOPBACK_KEY] = loopback
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    if api:
+        # The admin API: every route under API_PREFIX is authenticated by
+        # api_middleware and checks its role (auth.require or the service). Each
+        # module adds its own routes here (the audit trail, the event stream and
+        # the backup come next to these).
+        add_api_routes(app, API_PREFIX)
     return app
 
 
@@ -71,8 +97,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class AdminListener:
     """The admin app on one address, in the running loop. `name` ("admin", or
     "metrics" for the metrics-only listener of [metrics] listen_addr) names it in
-    log lines and errors; both serve the routes above, which need no auth (the
-    authenticated admin API will be on the admin listener only)."""
+    log lines and errors; both serve the routes that need no auth, and only
+    "admin" the admin API."""
 
     def __init__(self, service: SeppService, name: str = "admin") -> None:
         self.service = service
@@ -83,7 +109,12 @@ class AdminListener:
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen; returns the bound (host, port). Raises OSError."""
         sock = bind_socket(host, port)
-        runner = web.AppRunner(build_app(self.service), access_log=None, handle_signals=False)
+        app = build_app(
+            self.service,
+            api=self.name == "admin",
+            loopback=is_loopback_address(sock.getsockname()[0]),
+        )
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
         try:
             await runner.setup()
             await web.SockSite(runner, sock).start()

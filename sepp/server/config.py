@@ -49,11 +49,14 @@ ENV_CONFIG = "SEPP_CONFIG"
 class Key:
     """One setting: its type, default and the comment `sepp config example` prints."""
 
-    kind: str  # "int", "opt_int", "bool", "str", "str_list", "opt_str_list", "api_keys", "opt_str"
+    kind: str  # "int", "opt_int", "bool", "str", "str_list", "opt_str_list", "api_keys",
+    # "admin_keys", "opt_str"
     default: Any
     doc: str
     minimum: int | None = None
     choices: tuple[str, ...] | None = None
+    # Commented lines `sepp config example` prints after an unset key (its shape).
+    example: tuple[str, ...] = ()
 
 
 _LIMIT_DEFAULTS = Limits()
@@ -213,6 +216,21 @@ SCHEMA: dict[str, dict[str, Key]] = {
             'host:port of the admin HTTP listener (/metrics, /livez, /readyz); "off" = none; '
             "a non-loopback address needs admin keys",
         ),
+        "keys": Key(
+            "admin_keys",
+            None,
+            "admin API keys (Authorization: Bearer KEY); unset = loopback only, open",
+            example=(
+                "# Each key has a name (the actor in the audit trail) and a role: viewer (reads)",
+                "# < operator (fixes jobs and dead letters, pauses, resumes, purges) < admin",
+                "# (creates, updates and deletes queues; the default). Without keys a loopback",
+                "# listener is open (actor local, role admin) and any other address is refused.",
+                "# keys = [",
+                '#   { name = "alice", key = "CHANGE-ME-long-random-secret", role = "admin" },',
+                '#   { name = "dashboard", key = "CHANGE-ME-another-secret", role = "viewer" },',
+                "# ]",
+            ),
+        ),
     },
     "metrics": {
         "listen_addr": Key(
@@ -254,6 +272,21 @@ class ApiKey:
     key: str
 
 
+# The roles of admin keys, weakest first (the service's role table: ROLES).
+ADMIN_ROLES = ("viewer", "operator", "admin")
+ADMIN_ROLE_DEFAULT = "admin"
+
+
+@dataclass(frozen=True)
+class AdminKey:
+    """One key of the admin HTTP API ([admin] keys): `name` is the actor the
+    audit trail records, never the key."""
+
+    name: str
+    key: str
+    role: str
+
+
 @dataclass
 class ServerConfig:
     """The loaded, validated configuration."""
@@ -284,6 +317,12 @@ class ServerConfig:
         if value.lower() in ADMIN_OFF:
             return None
         return parse_listen(value, "metrics.listen_addr")
+
+    @property
+    def admin_keys(self) -> list[AdminKey]:
+        """The admin API's keys ([admin] keys); empty when none are configured."""
+        raw = self.get("admin", "keys") or []
+        return [AdminKey(k["name"], k["key"], k["role"]) for k in raw]
 
     @property
     def api_keys(self) -> list[ApiKey] | None:
@@ -391,6 +430,8 @@ def _coerce(where: str, key: Key, value: Any) -> Any:
         return list(value)
     if kind == "api_keys":
         return _coerce_api_keys(where, value)
+    if kind == "admin_keys":
+        return _coerce_admin_keys(where, value)
     raise AssertionError(f"unknown kind {kind}")  # pragma: no cover
 
 
@@ -409,6 +450,36 @@ def _coerce_api_keys(where: str, value: Any) -> list[dict[str, str]] | None:
         if type(name) is not str or not name or type(key) is not str or not key:
             raise ConfigError(f"{where}[{i}]", "name and key must be non-empty strings")
         keys.append({"name": name, "key": key})
+    names = [k["name"] for k in keys]
+    secrets = [k["key"] for k in keys]
+    if len(set(names)) != len(names):
+        raise ConfigError(where, "key names must be unique")
+    if len(set(secrets)) != len(secrets):
+        raise ConfigError(where, "keys must be unique")
+    return keys
+
+
+def _coerce_admin_keys(where: str, value: Any) -> list[dict[str, str]] | None:
+    """[admin] keys: a list of {name, key, role} tables (role defaults to admin);
+    names and keys non-empty and unique."""
+    if value is None:
+        return None
+    shape = 'must be a list of {name = "...", key = "...", role = "viewer|operator|admin"} tables'
+    if type(value) is not list:
+        raise ConfigError(where, shape)
+    keys = []
+    for i, entry in enumerate(value):
+        if type(entry) is not dict or set(entry) - {"name", "key", "role"}:
+            raise ConfigError(f"{where}[{i}]", 'must be {name = "...", key = "...", role = "..."}')
+        name, key = entry.get("name"), entry.get("key")
+        role = entry.get("role", ADMIN_ROLE_DEFAULT)
+        if type(name) is not str or not name or type(key) is not str or not key:
+            raise ConfigError(f"{where}[{i}]", "name and key must be non-empty strings")
+        if role not in ADMIN_ROLES:
+            raise ConfigError(
+                f"{where}[{i}].role", f"must be one of {', '.join(ADMIN_ROLES)}, got {role!r}"
+            )
+        keys.append({"name": name, "key": key, "role": role})
     names = [k["name"] for k in keys]
     secrets = [k["key"] for k in keys]
     if len(set(names)) != len(names):
@@ -581,14 +652,14 @@ def _cross_validate(config: ServerConfig) -> None:
     parse_listen(server["listen_addr"])
     config.metrics_listen  # noqa: B018 - validates metrics.listen_addr
     admin = config.admin_listen
-    if admin is not None and not is_loopback_host(admin[0]):
-        # Issue 15 item 4: an admin listener others can reach is never open. Admin
-        # keys ([admin] keys) are not configurable yet, so only loopback is allowed.
+    if admin is not None and not is_loopback_host(admin[0]) and not config.admin_keys:
+        # Issue 15 item 4: an admin listener others can reach is never open: a
+        # non-loopback address needs [admin] keys.
         raise ConfigError(
             "admin.listen_addr",
             f"{admin[0]} is not a loopback address, and a non-loopback admin listener "
-            "needs admin keys (none are configured): listen on 127.0.0.1 or set it to "
-            '"off"',
+            "needs admin keys (none are configured in admin.keys): set admin.keys, or "
+            'listen on 127.0.0.1, or set it to "off"',
         )
     limits = config.values["limits"]
     if limits["max_queue_name_bytes"] > 65535:
@@ -669,6 +740,9 @@ def example_config() -> str:
         "# sepp configuration. Every setting is shown with its default value.",
         "# Precedence: command-line flags > SEPP_<SECTION>__<KEY> environment variables",
         "# > this file > built-in defaults. Durations are milliseconds (*_ms).",
+        "# SIGHUP, or a change of this file, reloads it while the server runs: [auth],",
+        "# admin keys, strict_queues, [limits] but max_message_bytes, and [[queues]] switch",
+        "# at once; every other setting waits for a restart (README, Hot reload).",
         "",
     ]
     for section, keys in SCHEMA.items():
@@ -678,6 +752,7 @@ def example_config() -> str:
                 lines.append(f"# {key.doc}")
             if key.default is None:
                 lines.append(f"# {name} = (unset)")
+                lines.extend(key.example)
             else:
                 lines.append(f"{name} = {_toml_value(key.default)}")
         lines.append("")

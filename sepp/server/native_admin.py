@@ -2,9 +2,9 @@
 each decodes its body into a `SeppService` admin call and renders the outcome.
 
 Owns: the handlers (`HANDLERS`, op name -> handler, merged into the native
-front's dispatch table), the wire shapes of a `JobInfo`, a `JobPage`, a
-`QueueInfo` and of the admin results, and `native_principal` (who a native
-connection acts as).
+front's dispatch table) and `native_principal` (who a native connection acts
+as). The shapes of a `JobInfo`, a `JobPage`, a `QueueInfo` and of the admin
+results are shared with the admin HTTP API (sepp/server/admin_shapes.py).
 
 Promises: an answer is sent only once its barrier is durable (reads: the read
 barrier); the core's and the role table's refusals go out as the codes of
@@ -16,24 +16,25 @@ Must not import: another front end (the admin HTTP API, gRPC). Not compiled.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sepp.core.decide import Decision
-from sepp.core.reads import JobInfo, JobPage, QueueInfo
-from sepp.core.results import (
-    AdminOutcomes,
-    CommandError,
-    DeleteQueueResult,
-    PurgeResult,
-    PutQueueResult,
-    QueueAdminResult,
-)
+from sepp.core.results import CommandError
 from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import encode_frame
+from sepp.server.admin_shapes import (
+    delete_queue_body,
+    job_info_body,
+    outcomes_body,
+    page_body,
+    purge_body,
+    put_queue_body,
+    queue_admin_body,
+    queue_info_body,
+)
 from sepp.server.service import LOCAL_ADMIN, Principal
 from sepp.server.wire import command_error
 
@@ -52,98 +53,6 @@ def native_principal(api_key: str | None, auth_required: bool) -> Principal:
         return LOCAL_ADMIN
     digest = hashlib.sha256(api_key.encode()).hexdigest()[:API_KEY_ACTOR_HEX_DIGITS]
     return Principal(f"api-key:{digest}", "admin")
-
-
-# -- rendering -------------------------------------------------------------------------
-
-
-def job_info_body(info: JobInfo) -> dict[str, Any]:
-    return {
-        "id": info.job_id,
-        "queue": info.queue,
-        "job_type": info.job_type,
-        "state": info.state,
-        "priority": info.priority,
-        "attempt": info.attempt,
-        "max_attempts": info.max_attempts,
-        "enqueued_at_ms": info.enqueued_at,
-        "scheduled_at_ms": info.scheduled_at,
-        "run_at_ms": info.run_at,
-        "lease_expires_at_ms": info.lease_expires_at,
-        "worker_id": info.worker_id,
-        "payload": None
-        if info.payload_data is None
-        else {"data": info.payload_data, "encoding": info.payload_encoding},
-        "idempotency_key": info.idempotency_key,
-        "trace_context": None
-        if info.traceparent is None
-        else {"traceparent": info.traceparent, "tracestate": info.tracestate},
-        "custom": dict(info.custom or {}),
-        "last_reason": info.last_reason,
-        "dead_letter_cause": info.dead_letter_cause,
-        "failed_at_ms": info.failed_at,
-        "final_attempt": info.final_attempt,
-    }
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
-def settings_body(policy: Any) -> dict[str, Any]:
-    return {f.name: _plain(getattr(policy, f.name)) for f in dataclasses.fields(policy)}
-
-
-def queue_info_body(info: QueueInfo) -> dict[str, Any]:
-    return {
-        "name": info.name,
-        "declared": info.declared,
-        "paused": info.paused,
-        "ready": info.ready,
-        "scheduled": info.scheduled,
-        "inflight": info.inflight,
-        "dead_letter": info.dead_letter,
-        "settings": settings_body(info.policy),
-        "overrides": None
-        if info.overrides is None
-        else {k: _plain(v) for k, v in info.overrides.items()},
-    }
-
-
-def page_body(page: JobPage) -> dict[str, Any]:
-    return {"jobs": [job_info_body(j) for j in page.jobs], "next_cursor": page.next_cursor}
-
-
-def outcomes_body(reply: AdminOutcomes) -> dict[str, Any]:
-    return {
-        "outcomes": [{"id": job_id, "outcome": outcome} for job_id, outcome in reply.outcomes],
-        "remaining": reply.remaining,
-    }
-
-
-def queue_admin_body(reply: QueueAdminResult) -> dict[str, Any]:
-    return {"queue": reply.queue, "paused": reply.paused, "changed": reply.changed}
-
-
-def purge_body(reply: PurgeResult) -> dict[str, Any]:
-    return {"queue": reply.queue, "purged": reply.purged, "remaining": reply.remaining}
-
-
-def put_queue_body(reply: PutQueueResult) -> dict[str, Any]:
-    return {
-        "queue": reply.queue,
-        "created": reply.created,
-        "changed": reply.changed,
-        "settings": settings_body(reply.policy),
-    }
-
-
-def delete_queue_body(reply: DeleteQueueResult) -> dict[str, Any]:
-    return {
-        "queue": reply.queue,
-        "cancelled": reply.cancelled,
-        "declared_by_file": reply.declared_by_file,
-    }
 
 
 # -- handlers ----------------------------------------------------------------------------

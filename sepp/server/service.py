@@ -88,7 +88,7 @@ from sepp.core.results import (
     ReserveResult,
 )
 from sepp.server.admission import WaitList
-from sepp.server.config import ServerConfig
+from sepp.server.config import ADMIN_ROLES, AdminKey, ServerConfig
 from sepp.server.ids import JobIds
 from sepp.server.metrics import ServerMetrics
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
@@ -149,8 +149,9 @@ class Principal(NamedTuple):
     role: str
 
 
-# The roles, weakest first: each may do everything the ones before it may.
-ROLES = ("viewer", "operator", "admin")
+# The roles, weakest first: each may do everything the ones before it may (the
+# roles an [admin] keys entry may have).
+ROLES = ADMIN_ROLES
 _ROLE_RANK = {role: rank for rank, role in enumerate(ROLES)}
 
 # The role check table: the weakest role each admin operation needs (one test
@@ -173,6 +174,11 @@ ROLE_REQUIRED: dict[str, str] = {
     "purge_queue": "operator",
     "put_queue": "admin",
     "delete_queue": "admin",
+    # Routes of the admin HTTP API that call no service method (sepp/admin/auth.py
+    # `require`): an enqueue through the admin API (operators enqueue; the native
+    # enqueue has no roles), the server info.
+    "enqueue_jobs": "operator",
+    "server_info": "viewer",
 }
 
 # Who a front acts as when it has no finer identity: a server without API keys
@@ -337,6 +343,10 @@ class SeppService:
         self._api_keys: list[bytes] | None = (
             None if keys is None else [k.key.encode() for k in keys]
         )
+        # The admin API's keys ([admin] keys), read on every admin request
+        # (sepp/admin/auth.py): a tuple replaced whole, never changed in place, so a
+        # reload swaps it atomically on the loop thread.
+        self.admin_keys: tuple[AdminKey, ...] = tuple(config.admin_keys)
         # queue -> parked reserves in arrival order (O(1) removal: issue 13 §5)
         self._parked: dict[str, WaitList[ParkedReserve]] = {}
         self._wake_queued: set[str] = set()
