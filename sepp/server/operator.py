@@ -4,15 +4,30 @@
     sepp stats [QUEUE ...]          per-queue counts (ready, scheduled, in flight, dead)
     sepp enqueue QUEUE JOB_TYPE [--payload TEXT | --payload-file F] [--encoding E]
                  [--priority N] [--delay SECONDS] [--key K] [--max-attempts N]
-    sepp dead-letters drain [--queue Q] [--max N]
+    sepp enqueue --from-jsonl FILE [--keep-keys]   replay drained dead letters
+    sepp jobs get|list|cancel ...   (sepp/server/operator_admin.py)
+    sepp dead-letters list|show|requeue|delete ...  (sepp/server/operator_admin.py)
+    sepp dead-letters drain [--queue Q] [--max N] [--out FILE]  (operator_drain.py)
+    sepp queues list|pause|resume|purge|create|update|delete ...  (operator_admin.py)
 
-Each takes `--addr HOST:PORT` (default 127.0.0.1:7463, or $SEPP_ADDR), the API key
+Each takes `--addr ADDR` (default 127.0.0.1:7463, or $SEPP_ADDR), the API key
 as `--api-key-file FILE` (the file's first line; or $SEPP_API_KEY_FILE) or
 `--api-key KEY` (or $SEPP_API_KEY; a key on the command line is visible to every
 user in the process list), and `--json` for machine-readable output.
-Exit code 0 on success, 1 when the server refused or could not be reached (or a
-payload file could not be read), 2 for an argument the command cannot use (an
-empty queue name, a malformed address); each failure is one line on stderr.
+
+TLS: `--addr tls://HOST:PORT` (or `https://HOST:PORT`) speaks TLS and verifies
+the server against the system's trusted CAs; `--tls-ca FILE` (PEM) verifies it
+against that CA instead, and turns TLS on by itself. There is no option to skip
+verification. A CA file that cannot be read is exit 1; a server whose
+certificate does not verify is exit 1 (`cannot connect ...: CERTIFICATE_VERIFY_FAILED`).
+
+Output: `--json` prints one JSON document per command, except the listings
+(`jobs list`, `dead-letters list`, `queues list`) and `dead-letters drain`,
+which print JSON lines (one job or queue per line) so they can stream.
+Exit code 0 on success, 1 when the server refused or could not be reached (or
+a file could not be read, or an id of a bulk command was not done), 2 for an
+argument the command cannot use (an empty queue name, a malformed address, a
+destructive command without `--yes`); each failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -90,23 +105,64 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return env_key
 
 
-def _run(args: argparse.Namespace, action: Callable[[Any], Awaitable[Any]]) -> int:
+class UsageError(Exception):
+    """An argument the command cannot use: exit 2, one line on stderr."""
+
+
+class RefusedError(Exception):
+    """The command did not do (all of) what was asked: exit 1, one line on stderr."""
+
+
+def _tls_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The address to dial and the client's TLS arguments: `tls://` means TLS with
+    the system CAs (the client spells it `https://`), `--tls-ca FILE` verifies
+    against that CA. Raises _KeyFileError (1) for a CA file that cannot be used."""
+    import ssl
+
+    addr = str(args.addr)
+    if addr.lower().startswith("tls://"):
+        addr = "https://" + addr[len("tls://") :]
+    ca = getattr(args, "tls_ca", None)
+    if ca is None:
+        return addr, {}
+    try:
+        context = ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise _KeyFileError(f"--tls-ca {ca}: {reason}", 1) from None
+    return addr, {"tls": context}
+
+
+def _run(
+    args: argparse.Namespace,
+    action: Callable[[Any], Awaitable[Any]],
+    render: Callable[[Any], None] | None = None,
+) -> int:
+    """Connect (TLS as asked), run `action(client)` and print its result
+    (`--json`: one JSON document; else `render`, or `args.render`). Without
+    either the action printed for itself. The exit code as the module docstring
+    says: an action raises UsageError (2) or RefusedError (1) to fail."""
     from sepp.client import SeppClient, SeppError
     from sepp.client._connection import parse_address
 
+    name = _command_name(args)
     try:
-        parse_address(args.addr)
+        addr, tls = _tls_options(args)
+        parse_address(addr)
     except ValueError as exc:
-        print(f"sepp {args.command}: --addr: {exc}", file=sys.stderr)
+        print(f"sepp {name}: --addr: {exc}", file=sys.stderr)
         return 2
+    except _KeyFileError as exc:
+        print(f"sepp {name}: {exc}", file=sys.stderr)
+        return exc.code
     try:
         api_key = _api_key(args)
     except _KeyFileError as exc:
-        print(f"sepp {args.command}: {exc}", file=sys.stderr)
+        print(f"sepp {name}: {exc}", file=sys.stderr)
         return exc.code
 
     async def go() -> Any:
-        client = await SeppClient.connect(args.addr, api_key=api_key)
+        client = await SeppClient.connect(addr, api_key=api_key, **tls)
         try:
             return await action(client)
         finally:
@@ -114,17 +170,31 @@ def _run(args: argparse.Namespace, action: Callable[[Any], Awaitable[Any]]) -> i
 
     try:
         result = asyncio.run(go())
+    except UsageError as exc:
+        print(f"sepp {name}: {exc}", file=sys.stderr)
+        return 2
+    except RefusedError as exc:
+        print(f"sepp {name}: {exc}", file=sys.stderr)
+        return 1
     except SeppError as exc:
-        print(f"sepp: {exc}", file=sys.stderr)
+        print(f"sepp {name}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"sepp: cannot reach {args.addr}: {exc}", file=sys.stderr)
+        print(f"sepp {name}: cannot reach {args.addr}: {exc}", file=sys.stderr)
         return 1
+    render = render or getattr(args, "render", None)
+    if render is None:
+        return 0
     if args.json:
         print(json.dumps(_jsonable(result), indent=2))
     else:
-        args.render(result)
+        render(result)
     return 0
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    sub = getattr(args, "dead_command", None) or getattr(args, "sub_command", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
 
 
 def _render_info(info: Any) -> None:
@@ -149,17 +219,6 @@ def _render_enqueue(ack: Any) -> None:
     print(f"{ack.job_id}{' (deduplicated)' if ack.deduplicated else ''}")
 
 
-def _render_drain(records: list[Any]) -> None:
-    for r in records:
-        data = _jsonable(r.payload.data) if r.payload is not None else None
-        print(
-            f"{r.job_id} queue={r.queue} type={r.job_type} cause={_jsonable(r.cause)} "
-            f"failed_at={_jsonable(r.failed_at)} attempt={r.final_attempt} "
-            f"reason={r.last_reason!r} payload={data!r}"
-        )
-    print(f"drained {len(records)} record(s)")
-
-
 def _info(args: argparse.Namespace) -> int:
     args.render = _render_info
     return _run(args, lambda client: client.get_server_info())
@@ -173,6 +232,16 @@ def _stats(args: argparse.Namespace) -> int:
 def _enqueue(args: argparse.Namespace) -> int:
     from sepp.client import EnqueueRequest, Payload
 
+    if args.from_jsonl is not None:
+        if args.queue is not None or args.job_type is not None:
+            print("sepp enqueue: --from-jsonl takes no QUEUE or JOB_TYPE", file=sys.stderr)
+            return 2
+        from sepp.server.operator_drain import replay_jsonl
+
+        return replay_jsonl(args)
+    if args.queue is None or args.job_type is None:
+        print("sepp enqueue: give QUEUE and JOB_TYPE (or --from-jsonl FILE)", file=sys.stderr)
+        return 2
     if args.payload is not None and args.payload_file is not None:
         print("sepp: give --payload or --payload-file, not both", file=sys.stderr)
         return 2
@@ -208,34 +277,17 @@ def _enqueue(args: argparse.Namespace) -> int:
     return _run(args, lambda client: client.enqueue(request))
 
 
-def _drain(args: argparse.Namespace) -> int:
-    from sepp.client import UndecodableDeadLetterError
-
-    undecodable: list[Any] = []
-
-    async def drain(client: Any) -> Any:
-        try:
-            return await client.drain_dead_letters(queue=args.queue, max_records=args.max)
-        except UndecodableDeadLetterError as exc:
-            # Deleted on the server already: show the decoded records as usual
-            # and every undecodable one raw, then fail.
-            undecodable.extend(exc.undecodable)
-            return exc.records
-
-    args.render = _render_drain
-    status = _run(args, drain)
-    for u in undecodable:
-        print(
-            f"sepp drain: record of job {u.job_id} cannot be decoded ({u.error}); "
-            f"raw record: {u.raw!r}",
-            file=sys.stderr,
-        )
-    return 1 if undecodable and status == 0 else status
-
-
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--addr", default=os.environ.get("SEPP_ADDR", DEFAULT_ADDR), help="server HOST:PORT"
+        "--addr",
+        default=os.environ.get("SEPP_ADDR", DEFAULT_ADDR),
+        help="server HOST:PORT; tls://HOST:PORT (or https://) for TLS verified "
+        "against the system CAs",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="speak TLS and verify the server against this CA certificate (PEM)",
     )
     parser.add_argument(
         "--api-key",
@@ -260,9 +312,23 @@ def add_operator_commands(sub: Any) -> None:
     _common(stats)
     stats.set_defaults(func=_stats)
 
-    enqueue = sub.add_parser("enqueue", help="enqueue one job")
-    enqueue.add_argument("queue")
-    enqueue.add_argument("job_type")
+    enqueue = sub.add_parser(
+        "enqueue", help="enqueue one job, or replay the JSON lines of a drain (--from-jsonl)"
+    )
+    enqueue.add_argument("queue", nargs="?")
+    enqueue.add_argument("job_type", nargs="?")
+    enqueue.add_argument(
+        "--from-jsonl",
+        metavar="FILE",
+        help="enqueue every job of FILE (the JSON lines of `sepp dead-letters drain`; "
+        "- = stdin) as a new job",
+    )
+    enqueue.add_argument(
+        "--keep-keys",
+        action="store_true",
+        help="with --from-jsonl: keep the jobs' idempotency keys (a key still in its "
+        "dedup window makes the replay a duplicate that is not enqueued)",
+    )
     enqueue.add_argument("--payload", help="payload text (UTF-8)")
     enqueue.add_argument("--payload-file", help="read the payload from this file")
     enqueue.add_argument("--encoding", default="application/json", help="payload encoding hint")
@@ -273,14 +339,6 @@ def add_operator_commands(sub: Any) -> None:
     _common(enqueue)
     enqueue.set_defaults(func=_enqueue)
 
-    dead = sub.add_parser("dead-letters", help="dead-letter store")
-    dead_sub = dead.add_subparsers(dest="dead_command", required=True)
-    drain = dead_sub.add_parser(
-        "drain", help="remove and print dead letters, oldest first (destructive)"
-    )
-    drain.add_argument("--queue", help="only this queue")
-    drain.add_argument(
-        "--max", type=int, default=256, help="at most this many records (server caps at 256)"
-    )
-    _common(drain)
-    drain.set_defaults(func=_drain)
+    from sepp.server.operator_admin import add_admin_commands
+
+    add_admin_commands(sub)
