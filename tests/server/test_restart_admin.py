@@ -9,11 +9,13 @@ deleted one its jobs cancelled. Driven over the native client's admin methods.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
 
 from sepp.client import EnqueueRequest, Payload, ReserveOptions, SeppClient
+from tests.conftest import ServerProcess
 from tests.server.test_restart import restart
 
 RETAIN = {"SEPP_STORAGE__DEAD_LETTER_RETENTION_MS": "3600000"}
@@ -34,7 +36,9 @@ async def state_of(client: SeppClient, job_id: str) -> tuple[str, int, str | Non
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-async def test_every_admin_mutation_survives_a_restart(server_factory, queue_names, how):
+async def test_every_admin_mutation_survives_a_restart(
+    server_factory: Callable[..., ServerProcess], queue_names: Iterator[str], how: str
+) -> None:
     server = server_factory(env=RETAIN)
     q, paused, resumed, purged, runtime, doomed = (next(queue_names) for _ in range(6))
     client = await SeppClient.connect(server.address)
