@@ -32,6 +32,7 @@ from sepp.admin.auth import (
     api_middleware,
     is_loopback_address,
 )
+from sepp.admin.backup import add_backup_routes
 from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 from sepp.server.service import SeppService
 
@@ -75,6 +76,7 @@ def build_app(service: SeppService, *, api: bool = False, loopback: bool = True)
         # module adds its own routes here (the audit trail, the event stream and
         # the backup come next to these).
         add_api_routes(app, API_PREFIX)
+        add_backup_routes(app, service)
     return app
 
 

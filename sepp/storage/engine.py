@@ -25,6 +25,9 @@ Promises:
   configured log retention). A failure while writing or publishing a snapshot, or
   while deleting covered files, is reported and the snapshot abandoned but is not
   fatal: no acknowledged data depends on it — the log still holds everything.
+- A pin (`pin_log`, taken by an online backup) names the newest published
+  snapshot and the segments after it; retention deletes none of them until the
+  pin is released, whatever snapshots are published meanwhile.
 
 Must not import: asyncio, sockets.
 """
@@ -68,6 +71,7 @@ from sepp.storage.wal import (
     PERSIST_MODES,
     PERSIST_SYNC_ALL,
     Hook,
+    Segment,
     SegmentWriter,
 )
 
@@ -87,6 +91,20 @@ LOCK_FILE = "LOCK"
 SNAPSHOT_FORK = "fork"
 SNAPSHOT_INLINE = "inline"
 SNAPSHOT_AUTO = "auto"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogPin:
+    """A consistent set of files retention leaves alone until `unpin_log`: the
+    snapshot at `snapshot_seq` (None: no snapshot yet, the log starts at seq 1)
+    and the segments holding the records after it up to `last_seq`, each to be
+    read up to its `size` (the active segment grows past it)."""
+
+    pin_id: int
+    snapshot_seq: int
+    snapshot_path: str | None
+    segments: tuple[Segment, ...]
+    last_seq: int
 
 
 class StorageFailed(RuntimeError):
@@ -186,6 +204,14 @@ class Engine:
         # metrics count there (sepp/server/metrics.py).
         self.observer: Callable[[State, tuple[Any, ...]], None] | None = None
         self._dir_lock: int | None = None
+        # Retention pins (online backup, sepp/admin/backup.py): pin id -> the
+        # snapshot seq a reader copies from. Retention deletes no pinned snapshot
+        # and no segment holding a record above the lowest pinned seq. Every
+        # retention delete happens under _retention_lock, so a pin taken under it
+        # sees files that stay until it is released.
+        self._retention_lock = threading.Lock()
+        self._pins: dict[int, int] = {}
+        self._next_pin = 1
 
     # -- opening -------------------------------------------------------------
 
@@ -559,22 +585,76 @@ class Engine:
 
     # -- retention -----------------------------------------------------------
 
+    def pin_log(self) -> LogPin:
+        """Pin the newest published snapshot and the log after it against
+        retention, and say what a copy of them holds (online backup): the
+        snapshot, the segments with a record above it, and `last_seq`, the last
+        record written (its end is the last segment's `size`; it may not be
+        durable yet: the caller waits for it). Release with `unpin_log`. Takes
+        the retention lock: it may wait for one file deletion (call off the
+        event loop)."""
+        with self._retention_lock:
+            snapshot_seq = self.snapshot_seq
+            with self._writer.lock:
+                segments = [
+                    Segment(s.first_seq, s.path, s.size, s.last_seq, s.last_time_ms)
+                    for s in self._writer.segments
+                ]
+            # A segment holds a record above the snapshot unless the next one
+            # starts at or below snapshot_seq + 1 (retention's rule); the last
+            # one is always kept (the copy's writer appends to it).
+            kept = [
+                segment
+                for index, segment in enumerate(segments)
+                if index == len(segments) - 1 or segments[index + 1].first_seq - 1 > snapshot_seq
+            ]
+            pin_id = self._next_pin
+            self._next_pin += 1
+            self._pins[pin_id] = snapshot_seq
+        snapshot_path = (
+            os.path.join(self.snap_dir, snapshot_file_name(snapshot_seq))
+            if snapshot_seq > 0
+            else None
+        )
+        last_seq = segments[-1].last_seq if segments else snapshot_seq
+        return LogPin(
+            pin_id=pin_id,
+            snapshot_seq=snapshot_seq,
+            snapshot_path=snapshot_path,
+            segments=tuple(kept),
+            last_seq=max(last_seq, snapshot_seq),
+        )
+
+    def unpin_log(self, pin: LogPin) -> None:
+        """Release a pin. What it held is deleted by the next retention pass
+        (after the next snapshot), not now."""
+        with self._retention_lock:
+            self._pins.pop(pin.pin_id, None)
+
+    def pinned_seqs(self) -> list[int]:
+        """The snapshot seqs currently pinned (metrics, tests)."""
+        with self._retention_lock:
+            return sorted(self._pins.values())
+
     def apply_retention(self, pace_s: float = 0.0) -> list[str]:
         """Delete old snapshots beyond `snapshots_kept`, then segments wholly
         below the oldest kept snapshot (and older than the log retention),
-        `pace_s` seconds apart (the snapshot thread paces; tests do not)."""
+        `pace_s` seconds apart (the snapshot thread paces; tests do not). A
+        pinned snapshot (`pin_log`) and the segments above the lowest pin stay."""
         removed: list[str] = []
         snaps = list_snapshots(self.fs, self.snap_dir)
         keep = snaps[-self.options.snapshots_kept :]
-        for _seq, path in snaps[: len(snaps) - len(keep)]:
-            self._hook("retention.before_delete")
-            self.fs.remove(path)
+        for seq, path in snaps[: len(snaps) - len(keep)]:
+            with self._retention_lock:
+                if seq in self._pins.values():
+                    continue
+                self._hook("retention.before_delete")
+                self.fs.remove(path)
             removed.append(path)
         if removed:
             self.fs.fsync_dir(self.snap_dir)
         if not keep:
             return removed
-        base = keep[0][0]
         now_ms = self.state.clock_ms
         retention = self.options.log_retention_ms
         deleted_segments = False
@@ -583,21 +663,25 @@ class Engine:
                 segments = self._writer.segments
                 if len(segments) < 2:
                     break
-                first, second = segments[0], segments[1]
-                covered = second.first_seq - 1 <= base
-                old_enough = retention == 0 or first.last_time_ms <= now_ms - retention
-                if not (covered and old_enough):
-                    break
+                first = segments[0]
             if deleted_segments and pace_s > 0:
                 # Unlinking a 64 MiB segment makes the file system journal free
                 # its blocks, and the log's next fdatasync waits behind that: one
                 # segment at a time, with a pause, keeps commit stalls short.
                 time.sleep(pace_s * min(1.0, first.size / RETENTION_PACE_BYTES))
-            self._hook("retention.before_delete")
-            self.fs.remove(first.path)
-            self._hook("retention.after_delete")
-            with self._writer.lock:
-                segments.pop(0)
+            with self._retention_lock:
+                base = min([keep[0][0], *self._pins.values()])
+                with self._writer.lock:
+                    first, second = segments[0], segments[1]
+                    covered = second.first_seq - 1 <= base
+                    old_enough = retention == 0 or first.last_time_ms <= now_ms - retention
+                if not (covered and old_enough):
+                    break
+                self._hook("retention.before_delete")
+                self.fs.remove(first.path)
+                self._hook("retention.after_delete")
+                with self._writer.lock:
+                    segments.pop(0)
             removed.append(first.path)
             deleted_segments = True
         if deleted_segments:
