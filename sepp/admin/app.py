@@ -5,9 +5,9 @@ admin API under /admin/api/v1 (api.py, behind auth.py's middleware; on the admin
 listener only), and the routes that need no auth:
 - `GET /livez`: 200 while the process answers;
 - `GET /readyz`: 200 once recovery is done and while serving; 503 (with the
-  reason as text) once shutdown began or storage failed. The listener starts
-  after recovery, so during recovery nothing listens (a refused connection, which
-  a probe treats like a 503);
+  reason as text) while recovery runs ("recovering": the listener starts before
+  it, SeppServer.start), once shutdown began or storage failed; the admin API
+  answers 503 too until recovery is done;
 - `GET /metrics`: Prometheus text (metrics.py), read at scrape time.
 
 Promises: a request never waits for storage or for the commit pipeline; the
@@ -32,7 +32,6 @@ from sepp.admin.auth import (
     api_middleware,
     is_loopback_address,
 )
-from sepp.admin.backup import add_backup_routes
 from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 from sepp.server.service import SeppService
 
@@ -76,7 +75,6 @@ def build_app(service: SeppService, *, api: bool = False, loopback: bool = True)
         # module adds its own routes here (the audit trail, the event stream and
         # the backup come next to these).
         add_api_routes(app, API_PREFIX)
-        add_backup_routes(app, service)
     return app
 
 

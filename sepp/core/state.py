@@ -459,16 +459,35 @@ class State:
     def set_base_config(self, config: CoreConfig) -> None:
         """Use `config` (a reloaded file) under the runtime queue definitions."""
         self.base_config = config
-        if not self.queue_overrides:
-            self.config = config
-        else:
-            queues = dict(config.queues)
-            for name, overrides in self.queue_overrides.items():
-                start = config.queues.get(name, config.defaults)
-                known = {k: v for k, v in overrides.items() if k in QUEUE_OVERRIDE_KEYS}
-                queues[name] = dataclasses.replace(start, **known)
-            self.config = dataclasses.replace(config, queues=queues)
+        self.config = self.merged_config(config)
         self.declared = frozenset(self.config.queues)
+
+    def merged_config(self, config: CoreConfig) -> CoreConfig:
+        """`config` (the file's) with the runtime queue definitions on top."""
+        if not self.queue_overrides:
+            return config
+        queues = dict(config.queues)
+        for name, overrides in self.queue_overrides.items():
+            start = config.queues.get(name, config.defaults)
+            known = {k: v for k, v in overrides.items() if k in QUEUE_OVERRIDE_KEYS}
+            queues[name] = dataclasses.replace(start, **known)
+        return dataclasses.replace(config, queues=queues)
+
+    def reconfigure(self, config: CoreConfig) -> None:
+        """Switch to `config` (a hot reload of the file, between two commands):
+        the runtime queue definitions stay on top of it, a newly declared queue
+        exists from now on, and a queue no longer declared that holds nothing is
+        forgotten -- the queues a restart with this config would recover. Not an
+        event: replay reads only which queues are declared (module docstring of
+        sepp.core.config), so the log stays the same under either config."""
+        before = self.declared
+        self.set_base_config(config)
+        for name in sorted(self.declared - before):
+            self.queue(name)
+        for name in sorted(before - self.declared):
+            q = self.queues.get(name)
+            if q is not None:
+                self.forget_if_empty(q)
 
     def intern(self, value: str) -> str:
         strings = self._strings

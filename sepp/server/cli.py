@@ -64,6 +64,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         server = SeppServer(config)
+        loop = asyncio.get_running_loop()
+        # A SIGHUP during recovery is kept for later (its default action ends the
+        # process), then reloads once serving.
+        hups: list[int] = []
+        loop.add_signal_handler(signal.SIGHUP, hups.append, 1)
         try:
             host, port = await server.start()
         except (RecoveryError, ConfigError) as exc:
@@ -72,9 +77,13 @@ def _serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.critical("cannot start: %s", exc)
             return 1
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_shutdown)
+        # Hot reload: SIGHUP and a change of the config file (reload.py).
+        reloader = server.watch_config(lambda: load_config(args.config, overrides=overrides))
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+        if hups:
+            reloader.reload()
         shown = f"[{host}]" if ":" in host else host
         print(f"sepp listening on {shown}:{port}", flush=True)
         if server.admin_address is not None:
@@ -139,9 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_operator_commands(sub)
-    from sepp.server.backup_cli import add_backup_command
-
-    add_backup_command(sub)
     return parser
 
 

@@ -12,8 +12,15 @@ The crash harness (`python -m tools.crash`) uses it to stop the server between a
 write and its sync, in the middle of a segment rotation, of a snapshot
 publication or of retention, then restarts it and checks what survived.
 
-Owns: parsing the variable and the hook (`crash_hook_from_env`), wired into
-`Engine.open(hook=...)` by `SeppServer.start`. Without the variable the hook is
+    SEPP_FAULT_HOLD_RECOVERY=PATH
+
+holds recovery back until PATH (a FIFO the test made with os.mkfifo) has been
+opened for writing and closed: the admin listener answers meanwhile, so a test
+sees /readyz say 503 "recovering" for as long as it likes, deterministically.
+
+Owns: parsing the variables and the hooks (`crash_hook_from_env`, wired into
+`Engine.open(hook=...)` by `SeppServer.start`; `hold_recovery_from_env`, called
+by it in the recovery thread before `Engine.open`). Without the variable the hook is
 None: nothing is counted and the storage fast path is unchanged. A malformed
 value is a startup error (never silently ignored: a test that thinks it injects a
 fault must not pass because none was injected).
@@ -25,10 +32,12 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import threading
 from collections.abc import Callable, Mapping
 
 ENV_CRASH_AT = "SEPP_FAULT_CRASH_AT"
+ENV_HOLD_RECOVERY = "SEPP_FAULT_HOLD_RECOVERY"
 
 
 def parse_crash_at(text: str) -> dict[str, int]:
@@ -62,3 +71,22 @@ def crash_hook_from_env(env: Mapping[str, str] | None = None) -> Callable[[str],
         os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
+
+
+def hold_recovery_from_env(env: Mapping[str, str] | None = None) -> Callable[[], None] | None:
+    """A call that blocks until the FIFO named by SEPP_FAULT_HOLD_RECOVERY has
+    been opened for writing and closed again (opening a FIFO for reading waits
+    for a writer; reading returns end-of-file once it closes), or None when the
+    variable is unset or empty. A path that is not a FIFO is a startup error."""
+    path = (os.environ if env is None else env).get(ENV_HOLD_RECOVERY, "")
+    if not path.strip():
+        return None
+    if not stat.S_ISFIFO(os.stat(path).st_mode):
+        raise ValueError(f"{ENV_HOLD_RECOVERY}: {path} is not a FIFO")
+
+    def hold() -> None:
+        with open(path, "rb") as fifo:
+            while fifo.read(4096):
+                pass
+
+    return hold

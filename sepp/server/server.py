@@ -51,6 +51,7 @@ from sepp.core.commands import (
     Nack,
     NewJob,
 )
+from sepp.core.config import CoreConfig
 from sepp.core.decide import Decision
 from sepp.core.results import (
     AckResult,
@@ -67,7 +68,7 @@ from sepp.protocol.framing import FrameReader, encode_frame
 from sepp.server import admission, gcpolicy, native_admin
 from sepp.server.admission import RateLimitedLog
 from sepp.server.config import ServerConfig, load_tls_context
-from sepp.server.faults import crash_hook_from_env
+from sepp.server.faults import crash_hook_from_env, hold_recovery_from_env
 from sepp.server.loops import loop_kind
 from sepp.server.pipeline import (
     CommitPipeline,
@@ -75,6 +76,7 @@ from sepp.server.pipeline import (
     resolve_sync_method,
     wall_clock_ms,
 )
+from sepp.server.reload import ConfigReloader
 from sepp.server.service import (
     AUTH_LET_IN,
     AUTH_MISSING_KEY,
@@ -177,7 +179,6 @@ class SeppServer:
         self.config = config
         # The file system seam (tests pass a FaultyFileSystem); None = the real one.
         self.fs = fs
-        self.core_config = config.core_config()
         self.clock = clock
         # Every operation the fronts offer (service.py); this class runs the
         # process around it and the native front end.
@@ -194,6 +195,8 @@ class SeppServer:
         # The metrics-only listener ([metrics] listen_addr), same shape.
         self.metrics_listener: Any = None
         self.metrics_address: tuple[str, int] | None = None
+        # Hot reload (reload.py), once `watch_config` started it.
+        self.reloader: ConfigReloader | None = None
         self.exit_code = EXIT_OK
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -245,15 +248,53 @@ class SeppServer:
         return self.service.damaged_history
 
     @property
+    def core_config(self) -> CoreConfig:
+        """The core's settings now (a hot reload replaces them: reload.py)."""
+        return self.service.core_config
+
+    @property
     def _sweep_target(self) -> int | None:
         return self.service._sweep_target
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> tuple[str, int]:
-        """Recover storage, start the commit pipeline and listen. Returns the bound
-        (host, port)."""
+        """Start the admin and metrics listeners, recover storage (in a thread, so
+        they answer meanwhile: /livez 200, /readyz 503 "recovering"), start the
+        commit pipeline and listen. Returns the bound (host, port)."""
         self._loop = asyncio.get_running_loop()
+        await self._start_admin_listeners()
+        try:
+            return await self._start_serving()
+        except BaseException:
+            # A refused start leaves nothing listening behind.
+            await self._stop_admin_listeners()
+            raise
+
+    async def _start_admin_listeners(self) -> None:
+        """Before recovery (issue 15 item 6): a probe sees the process alive and
+        not ready while a long recovery runs. A taken address refuses the start
+        before storage is opened."""
+        admin_listen = self.config.admin_listen
+        metrics_listen = self.config.metrics_listen
+        if admin_listen is None and metrics_listen is None:
+            return
+        from sepp.admin.app import AdminListener
+
+        if admin_listen is not None:
+            self.admin = AdminListener(self.service)
+            self.admin_address = await self._start_listener(self.admin, admin_listen)
+        if metrics_listen is not None:
+            self.metrics_listener = AdminListener(self.service, "metrics")
+            self.metrics_address = await self._start_listener(self.metrics_listener, metrics_listen)
+
+    async def _stop_admin_listeners(self) -> None:
+        for listener in (self.admin, self.metrics_listener):
+            if listener is not None:
+                await listener.stop()
+
+    async def _start_serving(self) -> tuple[str, int]:
+        assert self._loop is not None
         data_dir = self.config.get("server", "data_dir")
         options = self.config.storage_options()
         # Before storage opens anything: every connection costs a descriptor, and
@@ -267,14 +308,17 @@ class SeppServer:
             options.persist_mode,
             real_fs=self.fs is None or isinstance(self.fs, RealFileSystem),
         )
-        self.engine = engine = Engine.open(
-            data_dir,
-            self.core_config,
-            options,
-            fs=self.fs,
-            # Test-only: SEPP_FAULT_CRASH_AT (see faults.py); None when unset.
-            hook=crash_hook_from_env(),
-        )
+        crash_hook = crash_hook_from_env()  # test-only: SEPP_FAULT_CRASH_AT (faults.py)
+        hold = hold_recovery_from_env()  # test-only: SEPP_FAULT_HOLD_RECOVERY
+
+        def recover() -> Engine:
+            if hold is not None:
+                hold()
+            return Engine.open(data_dir, self.core_config, options, fs=self.fs, hook=crash_hook)
+
+        # In a thread: the loop keeps answering /livez and /readyz meanwhile. Nothing
+        # else runs on the loop yet (no native listener, no pipeline).
+        self.engine = engine = await asyncio.to_thread(recover)
         report = engine.recovery_report
         log.info(
             "recovered %s: snapshot seq %d (%.2fs), %d records / %d events replayed (%.2fs), "
@@ -391,30 +435,6 @@ class SeppServer:
             running_build(),
             loop_kind(self._loop),
         )
-        admin_listen = self.config.admin_listen
-        metrics_listen = self.config.metrics_listen
-        if admin_listen is not None or metrics_listen is not None:
-            from sepp.admin.app import AdminListener
-
-            try:
-                if admin_listen is not None:
-                    self.admin = AdminListener(self.service)
-                    self.admin_address = await self._start_listener(self.admin, admin_listen)
-                if metrics_listen is not None:
-                    self.metrics_listener = AdminListener(self.service, "metrics")
-                    self.metrics_address = await self._start_listener(
-                        self.metrics_listener, metrics_listen
-                    )
-            except OSError:
-                # The native listener is up: close it, or the caller's refusal to
-                # start would leave a half-started server behind.
-                self._server.close()
-                self.service.stop()
-                if self.admin is not None:
-                    await self.admin.stop()
-                await self.pipeline.stop()
-                engine.close()
-                raise
         return self.address
 
     async def _start_listener(self, listener: Any, address: tuple[str, int]) -> tuple[str, int]:
@@ -425,6 +445,35 @@ class SeppServer:
                 exc.errno, f"{listener.name} listener on {address[0]}:{address[1]}: {exc}"
             ) from exc
         return bound
+
+    def watch_config(self, load: Callable[[], ServerConfig]) -> ConfigReloader:
+        """Start hot reload (issue 15 item 7): `load` reads the configuration as
+        at start (file, environment, command line); the returned reloader's
+        `reload` is what SIGHUP calls. Stopped by shutdown."""
+        assert self._loop is not None
+        reloader = ConfigReloader(self.service.config, load, self.reconfigure)
+        reloader.start(self._loop)
+        self.reloader = reloader
+        return reloader
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """Switch to a reloaded configuration (between two commands): the service
+        takes the live settings; a connection let in with an API key the reload
+        removed (or without one, when keys are now required) is closed -- the
+        others keep going."""
+        self.service.reconfigure(config)
+        revoked = [
+            conn
+            for conn in self.connections
+            if conn.hello_done and not conn.closed and not self.check_api_key(conn.api_key)
+        ]
+        for conn in revoked:
+            conn.close()
+        if revoked:
+            log.warning(
+                "config reload: closed %d connection(s) whose API key is no longer accepted",
+                len(revoked),
+            )
 
     def _tls_context(self) -> ssl.SSLContext | None:
         return load_tls_context(self.config)
@@ -444,6 +493,8 @@ class SeppServer:
             await self._stopped.wait()
             return
         log.info("shutting down")
+        if self.reloader is not None:
+            self.reloader.stop()
         if self._server is not None:
             self._server.close()
         # No new commands; parked reserves answered empty; no more sweeps.
@@ -479,9 +530,7 @@ class SeppServer:
         if self._server is not None:
             await self._server.wait_closed()
         # Last: /readyz answered 503 while shutdown ran.
-        for listener in (self.admin, self.metrics_listener):
-            if listener is not None:
-                await listener.stop()
+        await self._stop_admin_listeners()
         if self.storage_failure is not None:
             self.exit_code = EXIT_STORAGE_FAILED
         log.info("stopped (exit code %d)", self.exit_code)
@@ -523,6 +572,9 @@ class ClientConnection(asyncio.Protocol):
         self.hello_done = False
         # Who this connection's admin operations act as (set by hello).
         self.principal: Principal = LOCAL_ADMIN
+        # The API key its hello was let in with: a reload that removes it closes
+        # the connection (SeppServer.reconfigure).
+        self.api_key: str | None = None
         self.closed = False
         self.in_flight = 0
         # Reserves of this connection parked in the service, until answered.
@@ -1054,6 +1106,7 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         self.hello_done = True
+        self.api_key = body.api_key
         self.principal = native_admin.native_principal(body.api_key, server.auth_required)
         server.unauthenticated.pop(self, None)
         if self._handshake_timer is not None:

@@ -75,6 +75,8 @@ from sepp.core.config import (
     ANSWER_ENVELOPE_BYTES_MAX,
     CUSTOM_ENTRY_FIXED_BYTES,
     JOB_ANSWER_FIXED_BYTES,
+    ConfigError,
+    validate_config,
 )
 from sepp.core.decide import Decision
 from sepp.core.events import CAUSE_NAMES
@@ -93,8 +95,6 @@ from sepp.server.ids import JobIds
 from sepp.server.metrics import ServerMetrics
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
 from sepp.storage import Engine, StorageFailed
-from sepp.storage.engine import LogPin
-from sepp.storage.fs import RealFileSystem
 
 __all__ = [
     "AUTH_ACCEPTED",
@@ -107,7 +107,6 @@ __all__ = [
     "FutureSink",
     "Health",
     "InvalidRequest",
-    "LogPin",
     "Overloaded",
     "ParkedReserve",
     "Principal",
@@ -182,8 +181,6 @@ ROLE_REQUIRED: dict[str, str] = {
     # enqueue has no roles), the server info.
     "enqueue_jobs": "operator",
     "server_info": "viewer",
-    # A copy of the whole data directory (sepp/admin/backup.py): every payload.
-    "backup": "admin",
 }
 
 # Who a front acts as when it has no finer identity: a server without API keys
@@ -363,6 +360,32 @@ class SeppService:
         self.answer_items_bytes_max = (
             config.get("limits", "max_message_bytes") - ANSWER_ENVELOPE_BYTES_MAX
         )
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """Hot reload (sepp/server/reload.py): run with `config` from the next
+        command on. Called on the loop thread between two commands, so every
+        command decides under one config; connections, parked reserves and
+        leases are untouched. `config` holds the running values of every
+        restart-only setting (reload.plan_reload), so only live ones change."""
+        core_config = config.core_config()
+        if self.engine is not None:
+            # The runtime queue definitions stay on top of the reloaded file: the
+            # result must hold too (a runtime default_max_attempts above a
+            # reloaded max_attempts_ceiling is refused, naming the queue).
+            try:
+                validate_config(self.engine.state.merged_config(core_config))
+            except ConfigError as exc:
+                raise ConfigError(
+                    exc.key, f"{exc.problem} (with the queue's runtime definition)"
+                ) from None
+        self.config = config
+        self.core_config = core_config
+        keys = config.api_keys
+        self._api_keys = None if keys is None else [k.key.encode() for k in keys]
+        self.admin_keys = tuple(config.admin_keys)
+        self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
+        if self.engine is not None:
+            self.engine.state.reconfigure(core_config)
 
     def open(
         self, engine: Engine, pipeline: CommitPipeline, loop: asyncio.AbstractEventLoop
@@ -810,27 +833,6 @@ class SeppService:
         )
 
     # -- reads ---------------------------------------------------------------------------------
-
-    # -- online backup (sepp/admin/backup.py) --------------------------------------------------
-
-    def backup_readable(self) -> bool:
-        """True when the data directory is real files a backup can read (not the
-        tests' in-memory file system)."""
-        engine = self.engine
-        return engine is not None and isinstance(engine.fs, RealFileSystem)
-
-    def pin_log(self) -> LogPin:
-        """Pin the newest snapshot and the log after it against retention: what an
-        online backup copies (Engine.pin_log). May wait for one file deletion of
-        retention: call it in a thread. Release with `unpin_log`."""
-        engine = self.engine
-        assert engine is not None
-        return engine.pin_log()
-
-    def unpin_log(self, pin: LogPin) -> None:
-        engine = self.engine
-        assert engine is not None
-        engine.unpin_log(pin)
 
     def health(self) -> Health:
         if self.storage_failure is not None:
