@@ -93,6 +93,8 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "sepp.server.admin_shapes",
             "sepp.server.metrics",
             "sepp.server.pipeline",
+            # The audit trail's log reader (GET /audit is its front).
+            "sepp.server.audit_trail",
             "sepp.core",
             "sepp._version",
         ),

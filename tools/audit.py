@@ -33,6 +33,7 @@ from typing import Any
 
 from log_format import COMMAND_KIND_NAMES, Envelope, FormatError, Record, decode_envelope
 from sepp.core.state import STATUS_NAMES, State
+from sepp.storage.audit import admin_record
 from sepp.storage.replay import ReplayError, replay_record
 
 from .datadir import ERROR, DataDir, Problem
@@ -446,32 +447,17 @@ def admin_actions(
     out = AdminActions()
     walker = LogWalker(data_dir, chunk_bytes=chunk_bytes, on_bytes=on_bytes)
     for item, envelope in _records_until(walker, until_ms, out.problems):
-        time_ms = envelope.time_ms
-        events = envelope.events
-        if not events or events[0][0] != _ADMIN_ACTION:
+        if since_ms is not None and envelope.time_ms < since_ms:
             continue
-        if since_ms is not None and time_ms < since_ms:
+        # The decoding the admin API's /audit shares (sepp/storage/audit.py).
+        record = admin_record(item.seq, envelope)
+        if record is None:
             continue
-        fields = event_fields(events[0])
-        if "raw" in fields:
+        if actor is not None and record.actor != actor:
             continue
-        if actor is not None and fields["actor"] != actor:
+        if action_prefix is not None and not record.action.startswith(action_prefix):
             continue
-        if action_prefix is not None and not str(fields["action"]).startswith(action_prefix):
-            continue
-        out.entries.append(
-            AdminEntry(
-                seq=item.seq,
-                time_ms=time_ms,
-                action=str(fields["action"]),
-                actor=str(fields["actor"]),
-                role=str(fields["role"]),
-                reason=fields["reason"],
-                queue=fields["queue"],
-                job_ids=tuple(fields["job_ids"]),
-                changes=dict(Counter(event_name(e) for e in events[1:])),
-            )
-        )
+        out.entries.append(AdminEntry(*record))
     return out
 
 

@@ -25,6 +25,7 @@ import socket
 from aiohttp import web
 
 from sepp.admin.api import add_api_routes
+from sepp.admin.audit import audit_handler
 from sepp.admin.auth import (
     API_PREFIX,
     LOOPBACK_KEY,
@@ -32,6 +33,7 @@ from sepp.admin.auth import (
     api_middleware,
     is_loopback_address,
 )
+from sepp.admin.events import EVENTS_KEY, events_handler
 from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 from sepp.server.service import SeppService
 
@@ -75,6 +77,10 @@ def build_app(service: SeppService, *, api: bool = False, loopback: bool = True)
         # module adds its own routes here (the audit trail, the event stream and
         # the backup come next to these).
         add_api_routes(app, API_PREFIX)
+        app.router.add_get(API_PREFIX + "/audit", audit_handler(service))
+        events = app[EVENTS_KEY] = events_handler(service)
+        app.router.add_get(API_PREFIX + "/events", events.handle)
+        app.on_shutdown.append(events.on_shutdown)  # ends the streams
     return app
 
 

@@ -23,6 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from sepp.server.metrics import RequestMetrics
 from sepp.server.pipeline import Histogram
 from sepp.server.service import SeppService
 
@@ -34,14 +35,45 @@ def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+def _buckets(histogram: Histogram, count: int | None = None) -> list[tuple[str, float]]:
+    """Prometheus' cumulative buckets of a pipeline.Histogram's plain counts
+    (`count`: the observations, when `commits` does not keep them)."""
     buckets: list[tuple[str, float]] = []
     cumulative = 0
-    for bound, count in zip(histogram.bounds, histogram.counts):
-        cumulative += count
+    for bound, in_bucket in zip(histogram.bounds, histogram.counts):
+        cumulative += in_bucket
         buckets.append((str(bound), cumulative))
-    buckets.append(("+Inf", histogram.commits))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=histogram.total)
+    buckets.append(("+Inf", histogram.commits if count is None else count))
+    return buckets
+
+
+def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=_buckets(histogram), sum_value=histogram.total)
+
+
+def _requests(requests: RequestMetrics) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+    """The native front's requests (RequestMetrics), by method and outcome."""
+    total = CounterMetricFamily(
+        "sepp_requests",
+        "Native protocol requests since start, by method (the op) and outcome "
+        "(ok or the answer's error code).",
+        labels=["method", "outcome"],
+    )
+    for method, by_outcome in sorted(requests.outcomes().items()):
+        for outcome, count in sorted(by_outcome.items()):
+            total.add_metric([method, outcome], count)
+    yield total
+    durations = HistogramMetricFamily(
+        "sepp_request_duration_seconds",
+        "Native requests' handling on the loop, from the frame read to the answer "
+        "decided (written, or queued behind its group commit, or a reserve parked).",
+        labels=["method"],
+    )
+    for method, histogram in sorted(requests.durations.items()):
+        durations.add_metric(
+            [method], _buckets(histogram, requests.count(method)), sum_value=histogram.total
+        )
+    yield durations
 
 
 class SeppCollector(Collector):
@@ -113,6 +145,8 @@ class SeppCollector(Collector):
         for kind, count in sorted(m.events.items()):
             events.add_metric([kind], count)
         yield events
+        if m.requests is not None:
+            yield from _requests(m.requests)
 
         ready = GaugeMetricFamily(
             "sepp_ready", "1 while the server serves (recovery done, not stopping, storage ok)."

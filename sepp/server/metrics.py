@@ -1,8 +1,9 @@
 """The server's counters: exact, counted where events are applied, read at scrape time.
 
 Owns: `ServerMetrics`, plain integers and dicts the live path bumps (no metrics
-library on the hot path), and `queue_label`, which keeps the `queue` label bounded.
-The admin front (sepp/admin/metrics.py) renders them, with the gauges it reads
+library on the hot path), `queue_label`, which keeps the `queue` label bounded,
+and `RequestMetrics`, the native front's requests by method and outcome with
+their durations (kept only while a listener serves /metrics). The admin front (sepp/admin/metrics.py) renders them, with the gauges it reads
 from the state, when /metrics is scraped.
 
 Promises:
@@ -14,12 +15,15 @@ Promises:
   get a label of their own for the life of the process, every later one counts
   under OTHER_QUEUE ("_other"). A name that is not a queue of the state (a refused
   enqueue to an unknown or too long name) is never given a label of its own.
+- A request counter equals the requests the native front handled since start
+  (every frame that names an op, refused ones included, by their answer's code).
 
 Must not import: a front end, aiohttp, prometheus_client (the service imports it).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +44,30 @@ from sepp.core.events import (
 )
 from sepp.core.results import Accepted, AtomicRejected, CommandError, EnqueueResult
 from sepp.core.state import State
+from sepp.server.pipeline import Histogram
+
+# sepp_request_duration_seconds' bucket bounds (s): a request's handling on the
+# loop takes microseconds; the slow end catches a loop stalled by something else.
+REQUEST_DURATION_BOUNDS = (
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
+
+# The outcome of a request answered with status ok (PROTOCOL.md section 4).
+OUTCOME_OK = "ok"
 
 # Distinct queues that get a `queue` label of their own; the rest are OTHER_QUEUE.
 QUEUE_LABELS_MAX = 100
@@ -78,6 +106,11 @@ class ServerMetrics:
         self.dead_letters_drained = 0
         # event class name -> count, every event type (bounded by the catalogue)
         self.events: dict[str, int] = {}
+
+        # The native front's request counters (`RequestMetrics`); None when no
+        # listener serves /metrics ([admin] and [metrics] listen_addr "off"): then
+        # nobody can read them, and the hot path skips them.
+        self.requests: RequestMetrics | None = None
 
     def queue_label(self, queue: str, state: State | None = None) -> str:
         """The bounded label of `queue` (`state`: only a queue it holds gets one)."""
@@ -163,3 +196,57 @@ class ServerMetrics:
             reason = _snake(type(why).__name__)
         key = (self.queue_label(queue, state), reason)
         self.rejected[key] = self.rejected.get(key, 0) + 1
+
+
+class RequestMetrics:
+    """sepp_requests_total{method,outcome} and sepp_request_duration_seconds{method}
+    of the native front (loop thread only). `observe` is on the hot path: a dict
+    lookup, a bucket (bisect) and two number updates per request, nothing
+    allocated but the float it is given; a refused request also counts its
+    outcome. The admin collector derives the rest at scrape time: a method's
+    requests are its histogram's count, its "ok" ones that count less its refusals.
+
+    `method` is the protocol op (or "unknown": a frame that names no op), bounded
+    by the protocol; `outcome` is "ok" or the error code of the answer (PROTOCOL.md
+    section 4), bounded by the codes. The duration is the request's handling on
+    the loop: from the frame read to its answer decided and handed on -- written,
+    queued behind its group commit (that wait is sepp_commit_duration_seconds), or
+    a reserve parked (its long poll is not counted)."""
+
+    __slots__ = ("durations", "refused")
+
+    def __init__(self) -> None:
+        # method -> durations (s) of all its requests (`Histogram.commits` unused:
+        # the count is the sum of the buckets, `count`)
+        self.durations: dict[str, Histogram] = {}
+        # method -> error code -> requests answered with it
+        self.refused: dict[str, dict[str, int]] = {}
+
+    def observe(self, method: str, outcome: str, seconds: float) -> None:
+        histogram = self.durations.get(method)
+        if histogram is None:
+            histogram = self.durations[method] = Histogram(REQUEST_DURATION_BOUNDS)
+        histogram.counts[bisect_left(REQUEST_DURATION_BOUNDS, seconds)] += 1
+        histogram.total += seconds
+        if outcome != OUTCOME_OK:
+            by_code = self.refused.get(method)
+            if by_code is None:
+                by_code = self.refused[method] = {}
+            by_code[outcome] = by_code.get(outcome, 0) + 1
+
+    def count(self, method: str) -> int:
+        """Requests of `method` since start."""
+        histogram = self.durations.get(method)
+        return sum(histogram.counts) if histogram is not None else 0
+
+    def outcomes(self) -> dict[str, dict[str, int]]:
+        """method -> outcome -> requests, "ok" included (scrape time)."""
+        out: dict[str, dict[str, int]] = {}
+        for method in self.durations:
+            refused = self.refused.get(method, {})
+            by_outcome = dict(refused)
+            ok = self.count(method) - sum(refused.values())
+            if ok:
+                by_outcome[OUTCOME_OK] = ok
+            out[method] = by_outcome
+        return out

@@ -69,6 +69,7 @@ def _answer(
     durable."""
     if isinstance(outcome, CommandError):
         code, body = command_error(outcome)
+        conn.outcome = code  # sepp_requests_total's outcome
     else:
         code = perr.OK
         body = render(outcome.reply if type(outcome) is Decision else outcome)

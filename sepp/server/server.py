@@ -39,6 +39,7 @@ import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any, cast
 
 from log_format._compiled import running_build
@@ -70,6 +71,7 @@ from sepp.server.admission import RateLimitedLog
 from sepp.server.config import ServerConfig, load_tls_context
 from sepp.server.faults import crash_hook_from_env, hold_recovery_from_env
 from sepp.server.loops import loop_kind
+from sepp.server.metrics import RequestMetrics
 from sepp.server.pipeline import (
     CommitPipeline,
     Overloaded,
@@ -195,6 +197,10 @@ class SeppServer:
         # The metrics-only listener ([metrics] listen_addr), same shape.
         self.metrics_listener: Any = None
         self.metrics_address: tuple[str, int] | None = None
+        if config.admin_listen is not None or config.metrics_listen is not None:
+            # Counted only when a listener serves /metrics (the native front's hot
+            # path skips them otherwise).
+            self.service.metrics.requests = RequestMetrics()
         # Hot reload (reload.py), once `watch_config` started it.
         self.reloader: ConfigReloader | None = None
         self.exit_code = EXIT_OK
@@ -596,6 +602,11 @@ class ClientConnection(asyncio.Protocol):
         self._reading_paused = False
         # The client half-closed: answer what is in flight, then close.
         self.eof = False
+        # Request metrics (RequestMetrics, None when no listener serves /metrics):
+        # the op of the frame being handled and the code its answer got.
+        self.requests = server.service.metrics.requests
+        self.method: str | None = None
+        self.outcome = perr.OK
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -960,6 +971,7 @@ class ClientConnection(asyncio.Protocol):
         self.send_after(error, frame, request_id)
 
     def reply(self, request_id: int, status: str, body: dict[str, Any]) -> None:
+        self.outcome = status
         self.send_frame(encode_frame(pm.encode_response(request_id, status, body)))
 
     def error(self, request_id: int, code: str, message: str, **details: Any) -> None:
@@ -1003,6 +1015,21 @@ class ClientConnection(asyncio.Protocol):
     # -- dispatch ------------------------------------------------------------------------
 
     def _handle_frame(self, frame: bytes) -> None:
+        requests = self.requests
+        if requests is None:
+            self._dispatch_frame(frame)
+            return
+        # sepp_requests_total / sepp_request_duration_seconds: the dispatch leaves
+        # the op in self.method (None: no request, the connection was closed) and
+        # the answer's code in self.outcome (reply(), _finish, native_admin).
+        started = perf_counter()
+        self.method = None
+        self.outcome = perr.OK
+        self._dispatch_frame(frame)
+        if self.method is not None:
+            requests.observe(self.method, self.outcome, perf_counter() - started)
+
+    def _dispatch_frame(self, frame: bytes) -> None:
         # Errors are logged by their text, never as objects: a log record that is
         # kept (a queueing or buffering handler) would keep the exception, its
         # traceback's frames and through them this connection.
@@ -1013,9 +1040,11 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         except perr.ProtocolError as exc:
+            self.method = "unknown"
             self.in_flight += 1
             self.error(getattr(exc, "request_id", 0), exc.code, exc.message)
             return
+        self.method = request.op
         self.in_flight += 1
         if self.in_flight > self.server.max_in_flight:
             self.error(
@@ -1075,6 +1104,7 @@ class ClientConnection(asyncio.Protocol):
     ) -> None:
         if type(decision) is not Decision:
             code, body = command_error(decision)  # type: ignore[arg-type]
+            self.outcome = code
             frame = encode_frame(pm.encode_response(request_id, code, body))
         else:
             frame = encode_frame(pm.encode_response(request_id, perr.OK, body_of(decision.reply)))

@@ -177,10 +177,13 @@ ROLE_REQUIRED: dict[str, str] = {
     "put_queue": "admin",
     "delete_queue": "admin",
     # Routes of the admin HTTP API that call no service method (sepp/admin/auth.py
-    # `require`): an enqueue through the admin API (operators enqueue; the native
-    # enqueue has no roles), the server info.
+    # `require`): the audit trail read from the log, the live event stream, an
+    # enqueue through the admin API (operators enqueue; the native enqueue has no
+    # roles), the server info.
     "enqueue_jobs": "operator",
     "server_info": "viewer",
+    "audit": "admin",
+    "events": "viewer",
 }
 
 # Who a front acts as when it has no finer identity: a server without API keys

@@ -59,12 +59,14 @@ CALLS: dict[str, Callable[[SeppService, Principal], tuple[Any, int]]] = {
     "put_queue": lambda s, p: s.put_queue(p, "newq", {}),
     "delete_queue": lambda s, p: s.delete_queue(p, "q"),
     # Checked by the admin API's `require` (sepp/admin/auth.py), no service method.
+    "audit": lambda s, p: (s._denied(p, "audit"), 0),
+    "events": lambda s, p: (s._denied(p, "events"), 0),
     "enqueue_jobs": lambda s, p: (s._denied(p, "enqueue_jobs"), 0),
     "server_info": lambda s, p: (s._denied(p, "server_info"), 0),
 }
 # The rows above that only the admin API's `require` checks: no service call that
 # could refuse while stopping.
-REQUIRE_ONLY = {"enqueue_jobs", "server_info"}
+REQUIRE_ONLY = {"audit", "events", "enqueue_jobs", "server_info"}
 
 
 def test_every_admin_operation_has_a_row_in_the_role_table():

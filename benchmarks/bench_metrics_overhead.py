@@ -1,0 +1,269 @@
+"""What the metrics cost the job path (issue 15 target: job throughput with metrics
+on and one /events stream open within 3 % of metrics off; server CPU per job side
+by side in one run).
+
+    python -m benchmarks.bench_metrics_overhead                  # 5 rounds of 60,000 jobs
+    python -m benchmarks.bench_metrics_overhead --rounds 3 --jobs 40000
+
+Each round runs a real `sepp serve` (persist mode sync_data, snapshots off, pinned
+to core 0) twice, in alternating order (on/off, then off/on, ...), and drives it
+with the lean load generator (benchmarks/loadgen.py, raw protocol, pinned to core
+1, 50 connections: enqueue the jobs, then reserve + ack each):
+
+- on: `--admin-listen 127.0.0.1:0`, so the native front counts every request
+  (sepp_requests_total, sepp_request_duration_seconds), one /admin/api/v1/events
+  stream is open for the whole run (one snapshot a second) and /metrics is
+  scraped every second -- what a dashboard plus a Prometheus do;
+- off: the admin listener "off" (and no [metrics] listener): the request
+  counters are then not kept at all (RequestMetrics is None: nobody could read
+  them), so "off" is the hot path without any of it. The event counters of
+  Engine.observer run in both (they are not switchable: they are the server's
+  own counters, read by `sepp stats` too).
+
+Prints the machine line, a table of medians per variant -- jobs/s and server CPU
+µs per job (from /proc/PID/stat over each phase), enqueue and drain -- and the
+difference on - off in %, with the events and scrapes the observer saw (so a run
+where the stream was not open shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from benchmarks.bench_e2e import _taskset, loadgen
+from benchmarks.common import machine_line, median, print_table
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("enqueue", "drain")
+
+
+class Server:
+    """`sepp serve` with the admin listener on (port 0) or off."""
+
+    def __init__(self, metrics_on: bool, pin: bool) -> None:
+        self.data_dir = tempfile.mkdtemp(prefix="sepp-bench-metrics-")
+        env = dict(os.environ)
+        env["SEPP_STORAGE__SNAPSHOT_EVERY_BYTES"] = "0"  # steady state: no snapshot
+        env["SEPP_LOGGING__LEVEL"] = "warning"
+        env["SEPP_METRICS__LISTEN_ADDR"] = "off"
+        cmd = [
+            *_taskset("0" if pin else None),
+            sys.executable,
+            "-m",
+            "sepp.server.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            self.data_dir,
+            "--persist-mode",
+            "sync_data",
+            "--admin-listen",
+            "127.0.0.1:0" if metrics_on else "off",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+        )
+        assert self.proc.stdout is not None
+        self.port = 0
+        self.admin: str | None = None
+        while self.port == 0 or (metrics_on and self.admin is None):
+            line = self.proc.stdout.readline().decode()
+            if line.startswith("sepp listening on "):
+                self.port = int(line.strip().rpartition(":")[2])
+            elif line.startswith("sepp admin on "):
+                self.admin = line.strip().removeprefix("sepp admin on ")
+            elif not line:
+                self.stop()
+                raise RuntimeError("the server did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+class Observer:
+    """A dashboard and a scraper, in a thread of this process: one /events stream
+    open, /metrics scraped every second."""
+
+    def __init__(self, admin: str) -> None:
+        self.admin = admin
+        self.events = 0
+        self.scrapes = 0
+        self.requests_total = 0.0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError(f"the event stream did not open: {self.error}")
+
+    async def _main(self) -> None:
+        try:
+            async with aiohttp.ClientSession() as session:
+                stream = asyncio.create_task(self._stream(session))
+                while not self._stop.is_set():
+                    async with session.get(self.admin + "/metrics") as response:
+                        text = await response.text()
+                    self.scrapes += 1
+                    self.requests_total = sum(
+                        float(line.rpartition(" ")[2])
+                        for line in text.splitlines()
+                        if line.startswith("sepp_requests_total{")
+                    )
+                    await asyncio.sleep(1.0)  # a scraper's interval
+                stream.cancel()
+        except (aiohttp.ClientError, OSError) as exc:
+            self.error = str(exc)
+            self._ready.set()
+
+    async def _stream(self, session: aiohttp.ClientSession) -> None:
+        async with session.get(self.admin + "/admin/api/v1/events") as response:
+            if response.status != 200:
+                self.error = f"/events answered {response.status}"
+                self._ready.set()
+                return
+            async for line in response.content:
+                if line.startswith(b"event: "):
+                    self.events += 1
+                    self._ready.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def one_run(metrics_on: bool, pin: bool, jobs: int, connections: int) -> dict[str, Any]:
+    server = Server(metrics_on, pin)
+    observer = Observer(server.admin) if server.admin is not None else None
+    try:
+        result = loadgen(
+            server.port,
+            pin,
+            connections=connections,
+            jobs=jobs,
+            phases=list(PHASES),
+            server_pid=server.proc.pid,
+        )
+    finally:
+        if observer is not None:
+            observer.stop()
+        server.stop()
+    if observer is not None:
+        if observer.error:
+            raise RuntimeError(f"observer: {observer.error}")
+        result["observer"] = {
+            "events": observer.events,
+            "scrapes": observer.scrapes,
+            "requests_total": observer.requests_total,
+        }
+    for phase in PHASES:
+        r = result[phase]
+        r["cpu_us_per_job"] = r["server_cpu"] / r["jobs_per_s"] * 1e6
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=60_000)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write every run here")
+    args = parser.parse_args()
+    pin = not args.no_pin
+    print(machine_line())
+    print(
+        f"command: python -m benchmarks.bench_metrics_overhead --rounds {args.rounds} "
+        f"--jobs {args.jobs} --connections {args.connections}" + (" --no-pin" if not pin else "")
+    )
+    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    started = time.monotonic()
+    for round_no in range(args.rounds):
+        order = (True, False) if round_no % 2 == 0 else (False, True)
+        for metrics_on in order:
+            result = one_run(metrics_on, pin, args.jobs, args.connections)
+            runs[metrics_on].append(result)
+            seen = result.get("observer")
+            print(
+                f"  round {round_no + 1} metrics {'on ' if metrics_on else 'off'}: "
+                + "  ".join(
+                    f"{p} {result[p]['jobs_per_s']:,.0f} jobs/s "
+                    f"{result[p]['cpu_us_per_job']:.1f} us/job"
+                    for p in PHASES
+                )
+                + (
+                    f"  (events {seen['events']}, scrapes {seen['scrapes']}, "
+                    f"sepp_requests_total {seen['requests_total']:,.0f})"
+                    if seen
+                    else ""
+                ),
+                flush=True,
+            )
+    rows = []
+    medians: dict[bool, dict[str, tuple[float, float]]] = {}
+    for metrics_on in (False, True):
+        medians[metrics_on] = {
+            p: (
+                median([r[p]["jobs_per_s"] for r in runs[metrics_on]]),
+                median([r[p]["cpu_us_per_job"] for r in runs[metrics_on]]),
+            )
+            for p in PHASES
+        }
+        label = "on (admin listener, 1 /events stream, /metrics every 1 s)" if metrics_on else "off"
+        rows.append(
+            [label]
+            + [f"{medians[metrics_on][p][0]:,.0f}" for p in PHASES]
+            + [f"{medians[metrics_on][p][1]:.1f}" for p in PHASES]
+        )
+
+    def diff(index: int, phase: str) -> str:
+        on, off = medians[True][phase][index], medians[False][phase][index]
+        return f"{(on - off) / off * 100:+.1f}%"
+
+    rows.append(
+        ["difference on - off"] + [diff(0, p) for p in PHASES] + [diff(1, p) for p in PHASES]
+    )
+    print(
+        f"\nmedians of {args.rounds} rounds, {args.jobs:,} jobs, {args.connections} connections "
+        f"({time.monotonic() - started:.0f} s):"
+    )
+    print_table(
+        [
+            "metrics",
+            "enqueue jobs/s",
+            "drain jobs/s",
+            "enqueue server CPU us/job",
+            "drain server CPU us/job",
+        ],
+        rows,
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"on": runs[True], "off": runs[False]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
