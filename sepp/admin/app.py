@@ -33,6 +33,7 @@ from sepp.admin.auth import (
     api_middleware,
     is_loopback_address,
 )
+from sepp.admin.backup import add_backup_routes
 from sepp.admin.events import EVENTS_KEY, events_handler
 from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 from sepp.server.service import SeppService
@@ -81,6 +82,7 @@ def build_app(service: SeppService, *, api: bool = False, loopback: bool = True)
         events = app[EVENTS_KEY] = events_handler(service)
         app.router.add_get(API_PREFIX + "/events", events.handle)
         app.on_shutdown.append(events.on_shutdown)  # ends the streams
+        add_backup_routes(app, service)
     return app
 
 

@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_operator_commands(sub)
+    from sepp.server.backup_cli import add_backup_command
+
+    add_backup_command(sub)
     return parser
 
 

@@ -95,6 +95,8 @@ from sepp.server.ids import JobIds
 from sepp.server.metrics import ServerMetrics
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
 from sepp.storage import Engine, StorageFailed
+from sepp.storage.engine import LogPin
+from sepp.storage.fs import RealFileSystem
 
 __all__ = [
     "AUTH_ACCEPTED",
@@ -107,6 +109,7 @@ __all__ = [
     "FutureSink",
     "Health",
     "InvalidRequest",
+    "LogPin",
     "Overloaded",
     "ParkedReserve",
     "Principal",
@@ -182,6 +185,8 @@ ROLE_REQUIRED: dict[str, str] = {
     # roles), the server info.
     "enqueue_jobs": "operator",
     "server_info": "viewer",
+    # A copy of the whole data directory (sepp/admin/backup.py): every payload.
+    "backup": "admin",
     "audit": "admin",
     "events": "viewer",
 }
@@ -836,6 +841,27 @@ class SeppService:
         )
 
     # -- reads ---------------------------------------------------------------------------------
+
+    # -- online backup (sepp/admin/backup.py) --------------------------------------------------
+
+    def backup_readable(self) -> bool:
+        """True when the data directory is real files a backup can read (not the
+        tests' in-memory file system)."""
+        engine = self.engine
+        return engine is not None and isinstance(engine.fs, RealFileSystem)
+
+    def pin_log(self) -> LogPin:
+        """Pin the newest snapshot and the log after it against retention: what an
+        online backup copies (Engine.pin_log). May wait for one file deletion of
+        retention: call it in a thread. Release with `unpin_log`."""
+        engine = self.engine
+        assert engine is not None
+        return engine.pin_log()
+
+    def unpin_log(self, pin: LogPin) -> None:
+        engine = self.engine
+        assert engine is not None
+        engine.unpin_log(pin)
 
     def health(self) -> Health:
         if self.storage_failure is not None:
