@@ -197,6 +197,10 @@ def add_backup_routes(app: web.Application, service: SeppService) -> None:
             if not response.prepared:
                 return _error(503, "storage_failed", str(exc))
             raise
+        except ConnectionError as exc:
+            # The reader went away (aiohttp ends such a response quietly).
+            log.warning("backup not finished: the reader went away (%s)", exc)
+            return response
         except (OSError, asyncio.CancelledError) as exc:
             if not response.prepared:
                 raise

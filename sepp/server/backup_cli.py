@@ -60,6 +60,11 @@ READ_BYTES = 1024 * 1024
 # No byte from the server for this long: give up (the server waits for one
 # group commit before its first byte, then streams).
 SOCKET_TIMEOUT_S = 60.0
+# Sync what was written every this many bytes, and drop it from the page cache:
+# one fsync per 64 MiB segment would hand the disk a burst that the server's own
+# log syncs (on the same disk, often) wait behind; a copy of the whole data
+# directory would also push the server's hot pages out of memory.
+SYNC_EVERY_BYTES = 8 * 1024 * 1024
 # The progress bar redraws at most this often.
 PROGRESS_EVERY_S = 0.2
 MIB = 1024 * 1024
@@ -230,6 +235,7 @@ class _Writer:
         self.dest = dest
         self.fd: int | None = None
         self.dirs: set[str] = set()
+        self.unsynced = 0
 
     def start(self, name: str) -> None:
         path = os.path.join(self.dest, name)
@@ -246,12 +252,22 @@ class _Writer:
         while view:
             written = os.write(fd, view)
             view = view[written:]
+        self.unsynced += len(data)
+        if self.unsynced >= SYNC_EVERY_BYTES:
+            self._sync(fd)
+
+    def _sync(self, fd: int) -> None:
+        os.fdatasync(fd)
+        self.unsynced = 0
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def end(self) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
             try:
-                os.fsync(fd)
+                self._sync(fd)
+                os.fsync(fd)  # the size and times too
             finally:
                 os.close(fd)
 

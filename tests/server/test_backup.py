@@ -10,10 +10,12 @@ against real `sepp serve` processes on 127.0.0.1:0, stopped by PID.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import random
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -37,7 +39,7 @@ from sepp.admin.backup_format import (
     manifest_line,
     trailer_line,
 )
-from sepp.server.backup_cli import INCOMPLETE_MARKER
+from sepp.server.backup_cli import INCOMPLETE_MARKER, _Progress
 from sepp.storage import Engine
 from tests.server.conftest import connect, job
 from tests.storage.helpers import CONFIG, enqueue_one, inline_options
@@ -461,3 +463,49 @@ async def test_only_an_admin_key_may_take_a_backup(
     else:
         assert code == 1 and expected in err, err
         assert not dest.exists()
+
+
+async def test_a_second_backup_while_one_runs_is_409_and_a_reader_gone_ends_the_first(
+    server_factory: Any, tmp_path: Path
+):
+    server = server_factory(args=["--admin-listen", "127.0.0.1:0"])
+    url = admin_url_of(server)
+    client = await connect(server.address)
+    big = {"data": os.urandom(512 * 1024), "encoding": "application/octet-stream"}
+    for _ in range(8):  # 32 MiB of log: far more than the socket buffers hold
+        await client.enqueue_ids(*(job("q", payload=big) for _ in range(8)))
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    # A reader that takes the headers and then reads nothing: the server's
+    # writes stall on flow control, the first backup stays running.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.connect((host, int(port)))
+    sock.sendall(b"POST /admin/api/v1/backup HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    code, _out, err = await sepp_async("backup", str(tmp_path / "b"), "--admin-addr", url)
+    assert code == 1 and "(409)" in err and "already running" in err, err
+    sock.close()  # the reader goes away: the first backup ends, its pin is released
+
+    async def third() -> tuple[int, str, str]:
+        return await sepp_async("backup", str(tmp_path / "c"), "--admin-addr", url)
+
+    deadline = time.monotonic() + 30
+    while (result := await third())[0] != 0:
+        assert "(409)" in result[2] and time.monotonic() < deadline, result
+    assert verify(tmp_path / "c").returncode == 0
+    assert server.stop() == 0
+
+
+def test_the_progress_bar_shows_bytes_percent_and_rate():
+    out = io.StringIO()
+    progress = _Progress(out)
+    progress.total = 4 * 1024 * 1024
+    progress.show(1024 * 1024, final=True)
+    line = out.getvalue()
+    assert "1.0 / 4.0 MiB" in line and "25.0%" in line and "MiB/s" in line
+    assert line.endswith("\n")
+    quiet = _Progress(None)
+    quiet.show(1, final=True)  # no terminal: nothing to draw, nothing raised

@@ -1,0 +1,294 @@
+"""Online backup under load (issue 15 target): "Backup of a 1 GB data directory
+while the 50/50 load runs: throughput drop <= 10 %".
+
+One `sepp serve` (pinned to core 0, admin listener on, snapshots off so the data
+directory is its log) is filled with ~1 GB of log (64 KiB jobs, batched, kept in a
+queue of their own). Then, for each round, the 50/50 load -- 50 producer and 50
+worker connections at once, closed loop, 256-byte payloads, one job per request,
+reserve (long poll) + ack -- runs for a fixed time twice, alternating: once
+alone, once with `sepp backup DEST` started after a warm-up. The load generator
+(pinned to core 1) counts completed operations in 100 ms buckets; throughput is
+compared over the same window, the backup's duration, in both runs:
+
+    jobs/s = (enqueues + acks) / 2 per second, in the window
+    drop % = 1 - with / without
+
+`sepp backup` is left unpinned: a backup on a 2-core machine competes for a core,
+as it would in production. Each backup writes into a fresh directory on the same
+disk (fsynced). Medians of the rounds.
+
+    python -m benchmarks.bench_backup                  # ~1 GB, 3 rounds of 2 x 20 s
+    python -m benchmarks.bench_backup --gib 0.25 --rounds 1 --seconds 10   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import fsync_rate, machine_line, median, print_table
+from benchmarks.loadgen import Conn, _job, connect
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKET_S = 0.1
+BALLAST_PAYLOAD_BYTES = 64 * 1024
+BALLAST_JOBS_PER_REQUEST = 8  # 512 KiB per request, below max_message_bytes
+
+
+def _taskset(core: str) -> list[str]:
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return []
+    return ["taskset", "-c", core]
+
+
+class Server:
+    """`sepp serve` with an admin listener; snapshots off (the data directory is
+    the log; no snapshot lands inside a measured window)."""
+
+    def __init__(self, mode: str, data_dir: str) -> None:
+        env = dict(os.environ)
+        env.update(
+            {
+                "SEPP_STORAGE__SNAPSHOT_EVERY_BYTES": "0",
+                "SEPP_LOGGING__LEVEL": "warning",
+                "SEPP_ADMIN__LISTEN_ADDR": "127.0.0.1:0",
+            }
+        )
+        self.data_dir = data_dir
+        cmd = [
+            *_taskset("0"),
+            sys.executable, "-m", "sepp.server.cli", "serve",
+            "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--persist-mode", mode,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+        )
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline().decode()
+        second = self.proc.stdout.readline().decode()
+        if not first.startswith("sepp listening on ") or "sepp admin on " not in second:
+            self.stop()
+            raise RuntimeError(f"server did not start: {first!r} {second!r}")
+        self.port = int(first.strip().rpartition(":")[2])
+        self.admin = second.strip().removeprefix("sepp admin on ")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def dir_bytes(path: str) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            total += os.path.getsize(os.path.join(folder, name))
+    return total
+
+
+# -- the child processes -------------------------------------------------------------------
+
+
+async def _fill(port: int, target_bytes: int, connections: int) -> None:
+    conns = [await connect("127.0.0.1", port) for _ in range(connections)]
+    payload = os.urandom(BALLAST_PAYLOAD_BYTES)
+    per_request = BALLAST_PAYLOAD_BYTES * BALLAST_JOBS_PER_REQUEST
+    remaining = [target_bytes // per_request + 1]
+    job = {
+        "queue": "ballast",
+        "job_type": "ballast",
+        "payload": {"data": payload, "encoding": "application/octet-stream"},
+    }
+
+    async def producer(conn: Conn) -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            await conn.call("enqueue", {"jobs": [job] * BALLAST_JOBS_PER_REQUEST})
+
+    await asyncio.gather(*(producer(c) for c in conns))
+    for conn in conns:
+        assert conn.transport is not None
+        conn.transport.close()
+
+
+async def _load(port: int, seconds: float, connections: int) -> dict[str, Any]:
+    """The 50/50 mix: `connections` producers and as many workers at once."""
+    producers = [await connect("127.0.0.1", port) for _ in range(connections)]
+    workers = [await connect("127.0.0.1", port) for _ in range(connections)]
+    started = time.time()
+    end = started + seconds
+    buckets = int(seconds / BUCKET_S) + 2
+    enqueued = [0] * buckets
+    acked = [0] * buckets
+
+    async def produce(conn: Conn) -> None:
+        while time.time() < end:
+            await conn.call("enqueue", {"jobs": [_job("mix")]})
+            enqueued[int((time.time() - started) / BUCKET_S)] += 1
+
+    async def work(conn: Conn) -> None:
+        while time.time() < end:
+            body = await conn.call(
+                "reserve", {"queues": ["mix"], "lease_ms": 60_000, "wait_ms": 200}
+            )
+            for job in body["jobs"]:
+                await conn.call("ack", {"job_id": job["id"], "attempt": job["attempt"]})
+                acked[int((time.time() - started) / BUCKET_S)] += 1
+
+    await asyncio.gather(*(produce(c) for c in producers), *(work(c) for c in workers))
+    for conn in producers + workers:
+        assert conn.transport is not None
+        conn.transport.close()
+    return {"started": started, "bucket_s": BUCKET_S, "enqueued": enqueued, "acked": acked}
+
+
+def _child(args: argparse.Namespace) -> None:
+    from sepp.server.loops import resolve_event_loop, run_on
+
+    loop = resolve_event_loop("auto")
+    if args.child == "fill":
+        run_on(loop, lambda: _fill(args.port, int(args.gib * 2**30), 8))
+        print(json.dumps({"ok": True}), flush=True)
+    else:
+        result = run_on(loop, lambda: _load(args.port, args.seconds, args.connections))
+        print(json.dumps(result), flush=True)
+
+
+def _spawn_child(kind: str, port: int, **options: Any) -> subprocess.Popen[str]:
+    cmd = [*_taskset("1"), sys.executable, "-m", "benchmarks.bench_backup", "--child", kind,
+           "--port", str(port)]  # fmt: skip
+    for key, value in options.items():
+        cmd += ["--" + key.replace("_", "-"), str(value)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def _child_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed ({proc.returncode})")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def window_rate(load: dict[str, Any], start: float, end: float) -> float:
+    """(enqueues + acks) / 2 per second between `start` and `end` (wall times)."""
+    first = int((start - load["started"]) / load["bucket_s"])
+    last = int((end - load["started"]) / load["bucket_s"])
+    ops = sum(load["enqueued"][first : last + 1]) + sum(load["acked"][first : last + 1])
+    seconds = float((last + 1 - first) * load["bucket_s"])
+    return float(ops) / 2 / seconds
+
+
+# -- the rounds ------------------------------------------------------------------------------
+
+
+def one_round(server: Server, args: argparse.Namespace, work_dir: str, n: int) -> dict[str, Any]:
+    # Without a backup.
+    load = _spawn_child("load", server.port, seconds=args.seconds, connections=args.connections)
+    plain = _child_result(load)
+    # With a backup started after the warm-up.
+    load = _spawn_child("load", server.port, seconds=args.seconds, connections=args.connections)
+    time.sleep(args.warmup)
+    dest = os.path.join(work_dir, f"backup-{n}")
+    began = time.time()
+    done = subprocess.run(
+        [sys.executable, "-m", "sepp.server.cli", "backup", dest, "--admin-addr", server.admin,
+         "--json"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    ended = time.time()
+    loaded = _child_result(load)
+    if done.returncode != 0:
+        raise RuntimeError(f"backup failed: {done.stderr}")
+    if ended > loaded["started"] + args.seconds:
+        raise RuntimeError("the backup outlasted the load: raise --seconds")
+    result = json.loads(done.stdout)
+    shutil.rmtree(dest, ignore_errors=True)
+    # The same window, relative to each load's start, in both runs.
+    offset_start, offset_end = began - loaded["started"], ended - loaded["started"]
+    without = window_rate(plain, plain["started"] + offset_start, plain["started"] + offset_end)
+    with_backup = window_rate(loaded, began, ended)
+    seconds = ended - began
+    return {
+        "without": without,
+        "with": with_backup,
+        "drop": 100.0 * (1 - with_backup / without),
+        "backup_mb_s": result["bytes"] / 1e6 / seconds,
+        "backup_bytes": result["bytes"],
+        "backup_s": seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="log to build first (GiB)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="each load run")
+    parser.add_argument("--warmup", type=float, default=2.0, help="load before the backup starts")
+    parser.add_argument("--connections", type=int, default=50, help="producers (and workers)")
+    parser.add_argument("--mode", default="sync_data", help="the server's persist mode")
+    parser.add_argument("--child", choices=["fill", "load"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+
+    print(machine_line())
+    probe = fsync_rate()
+    print(f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us "
+          f"({probe['syncs_per_s']:.0f}/s)")  # fmt: skip
+    work_dir = tempfile.mkdtemp(prefix="sepp-bench-backup-")
+    server = Server(args.mode, os.path.join(work_dir, "data"))
+    try:
+        t0 = time.time()
+        _child_result(_spawn_child("fill", server.port, gib=args.gib))
+        size = dir_bytes(server.data_dir)
+        print(f"data directory: {size / 2**30:.2f} GiB of log built in {time.time() - t0:.1f}s "
+              f"(64 KiB jobs); persist mode {args.mode}")  # fmt: skip
+        print(f"load: {args.connections} producers + {args.connections} workers, "
+              f"{args.seconds:.0f}s per run, backup after {args.warmup:.0f}s; "
+              f"rounds alternate without / with")  # fmt: skip
+        rows = []
+        rounds = []
+        for n in range(args.rounds):
+            r = one_round(server, args, work_dir, n)
+            rounds.append(r)
+            rows.append([f"round {n + 1}", r["without"], r["with"], f"{r['drop']:.1f}",
+                         f"{r['backup_bytes'] / 2**30:.2f}", f"{r['backup_s']:.1f}",
+                         r["backup_mb_s"]])  # fmt: skip
+        rows.append(["median", median([r["without"] for r in rounds]),
+                     median([r["with"] for r in rounds]),
+                     f"{median([r['drop'] for r in rounds]):.1f}",
+                     f"{median([r['backup_bytes'] / 2**30 for r in rounds]):.2f}",
+                     f"{median([r['backup_s'] for r in rounds]):.1f}",
+                     median([r["backup_mb_s"] for r in rounds])])  # fmt: skip
+        print()
+        print_table(
+            ["", "jobs/s without", "jobs/s with backup", "drop %", "backup GiB", "backup s",
+             "backup MB/s"],
+            rows,
+        )  # fmt: skip
+        drop = median([r["drop"] for r in rounds])
+        print(f"\ntarget: drop <= 10 %: {'met' if drop <= 10 else 'NOT met'} ({drop:.1f} %)")
+    finally:
+        server.stop()
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
