@@ -40,7 +40,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from sepp.core import CoreConfig, Decision, NewJob, QueuePolicy
+from sepp.core import ConfigError, CoreConfig, Decision, NewJob, QueuePolicy, validate_config
 from sepp.core.events import CAUSE_NAMES
 from sepp.core.results import (
     Accepted,
@@ -49,23 +49,28 @@ from sepp.core.results import (
     AdminResult,
     AtomicRejected,
     CommandError,
+    DeleteQueueResult,
     DrainResult,
     EnqueueResult,
     ExtendResult,
     InvalidRequest,
     NackResult,
+    PurgeResult,
+    PutQueueResult,
     QueueAdminResult,
     ReleaseResult,
     ReserveResult,
     SweepResult,
 )
-from sepp.core.state import STATUS_NAMES, State
+from sepp.core.state import QUEUE_OVERRIDE_KEYS, STATUS_NAMES, State
 
 READY = "ready"
 SCHEDULED = "scheduled"
 IN_FLIGHT = "in_flight"
 
 IA = "InvalidArgument"
+# ADMIN_IDS_PER_CALL_MAX and ADMIN_JOBS_PER_CHUNK_MAX of the admin commands (issue 15).
+ADMIN_CHUNK_MAX = 1000
 # PROTOCOL.md conventions: the latest time the server stores or sends
 # (9999-12-31T23:59:59.999Z); deadlines are clamped to it.
 TIME_MS_MAX = 253_402_300_799_999
@@ -177,6 +182,8 @@ class Model:
         self.arrivals = 0
         # Queues an operator paused (issue 15): reserve takes nothing from them.
         self.paused: set[str] = set()
+        # Queues defined at runtime (PutQueue): name -> overrides of the file's policy.
+        self.overrides: dict[str, dict[str, Any]] = {}
 
     # -- helpers ---------------------------------------------------------------
 
@@ -185,7 +192,13 @@ class Model:
         return self.arrivals
 
     def policy(self, queue: str) -> QueuePolicy:
-        return self.config.queues.get(queue, self.config.defaults)
+        base = self.config.queues.get(queue, self.config.defaults)
+        extra = self.overrides.get(queue)
+        return dataclasses.replace(base, **extra) if extra else base
+
+    def declared(self, queue: str) -> bool:
+        """Declared in the configuration file or defined at runtime."""
+        return queue in self.config.queues or queue in self.overrides
 
     def _start(self, now: int) -> int:
         """Decision time: never before the clock. The clock moves only when the
@@ -248,7 +261,7 @@ class Model:
             out.add(invalid)
         if (job.traceparent is not None or job.tracestate is not None) and not job.traceparent:
             out.add(invalid)
-        if self.config.strict_queues and queue not in self.config.queues:
+        if self.config.strict_queues and not self.declared(queue):
             out.add(("unknown_queue", (queue,)))
         policy = self.policy(queue)
         if data is not None and len(data) > policy.max_payload_bytes:
@@ -385,7 +398,7 @@ class Model:
         for name in queues:
             if not valid_queue_name(name) or utf8_len(name) > lim.max_queue_name_bytes:
                 errors.add(IA)
-            elif self.config.strict_queues and name not in self.config.queues:
+            elif self.config.strict_queues and not self.declared(name):
                 errors.add(PRECONDITION)
         if lease_ms <= 0 or max_jobs < 1 or worker_id == "":
             errors.add(IA)
@@ -573,26 +586,157 @@ class Model:
         return ("outcomes", tuple(outcomes), 0)
 
     def delete_dead_letters(self, job_ids: tuple[str, ...], now: int) -> tuple[Any, ...]:
-        self._start(now)
-        if len(job_ids) > 1000:
+        return self.dead_letters_admin(job_ids, None, None, ADMIN_CHUNK_MAX, False, now)
+
+    def _queue_name_error(self, queue: object) -> bool:
+        return not valid_queue_name(queue) or (
+            isinstance(queue, str) and utf8_len(queue) > self.config.limits.max_queue_name_bytes
+        )
+
+    def dead_letters_admin(
+        self,
+        job_ids: tuple[str, ...],
+        queue: str | None,
+        cause: int | None,
+        max_jobs: int,
+        requeue: bool,
+        now: int,
+    ) -> tuple[Any, ...]:
+        """AdminRequeueDeadLetters (requeue) or DeleteDeadLetters: by ids (per id
+        done / not_found), or by queue and / or cause in a chunk of `max_jobs`
+        with what remains (with a cause: matches among the next sweep_limit)."""
+        t = self._start(now)
+        if len(job_ids) > ADMIN_CHUNK_MAX:
             return self._error("TooManyIds")
+        if not 1 <= max_jobs <= ADMIN_CHUNK_MAX:
+            return self._error(IA)
+        if queue is not None and self._queue_name_error(queue):
+            return self._error(IA)
+        if cause is not None and cause not in CAUSE_NAMES:
+            return self._error(IA)
+        has_filter = queue is not None or cause is not None
+        if bool(job_ids) == has_filter:
+            return self._error(IA)  # ids and a filter, or neither
         self._commit_time()
+        records: list[MDeadLetter] = []
         outcomes: list[tuple[str, str]] = []
-        seen: set[str] = set()
-        for raw in job_ids:
-            jid = canonical_id(raw)
-            record = next((d for d in self.dead if d.job.job_id == jid), None)
-            if jid is None or record is None:
-                outcomes.append((str(raw) if jid is None else jid, "not_found"))
-            elif jid not in seen:
-                seen.add(jid)
-                self.dead.remove(record)
-                outcomes.append((jid, "done"))
-        return ("outcomes", tuple(outcomes), 0)
+        remaining = 0
+        if job_ids:
+            seen: set[str] = set()
+            for raw in job_ids:
+                jid = canonical_id(raw)
+                record = next((d for d in self.dead if d.job.job_id == jid), None)
+                if jid is None or record is None:
+                    outcomes.append((str(raw) if jid is None else jid, "not_found"))
+                elif jid not in seen:
+                    seen.add(jid)
+                    records.append(record)
+                    outcomes.append((jid, "done"))
+        else:
+            source = [d for d in self.dead if queue is None or d.job.queue == queue]
+            if cause is None:
+                records = source[:max_jobs]
+                remaining = len(source) - len(records)
+            else:
+                wanted = CAUSE_NAMES[cause]
+                scanned = 0
+                for record in source:
+                    if len(records) < max_jobs:
+                        if record.cause == wanted:
+                            records.append(record)
+                        continue
+                    if scanned >= self.config.sweep_limit:
+                        break
+                    scanned += 1
+                    remaining += record.cause == wanted
+            outcomes = [(d.job.job_id, "done") for d in records]
+        for record in records:
+            self.dead.remove(record)
+            if requeue:
+                self._requeue_dead(record, t)
+        return ("outcomes", tuple(outcomes), remaining)
+
+    def _requeue_dead(self, record: MDeadLetter, t: int) -> None:
+        job = record.job
+        job.attempt = 1
+        job.enqueued_at = t
+        job.arrival = self._arrive()
+        job.scheduled_at = None
+        job.last_reason = None
+        self._make_ready(job)
+        self.jobs[job.job_id] = job
+
+    def purge(self, queue: str, max_jobs: int, now: int) -> tuple[Any, ...]:
+        """PurgeQueue: up to `max_jobs` Ready jobs in delivery order, then
+        Scheduled ones by due time, deleted; in-flight jobs and dead letters stay."""
+        self._start(now)
+        if self._queue_name_error(queue) or not 1 <= max_jobs <= ADMIN_CHUNK_MAX:
+            return self._error(IA)
+        self._commit_time()
+        jobs = [j for j in self.jobs.values() if j.queue == queue]
+        ready = sorted(
+            (j for j in jobs if j.status == READY),
+            key=lambda j: (-j.priority, j.enqueued_at, j.arrival),
+        )
+        scheduled = sorted(
+            (j for j in jobs if j.status == SCHEDULED), key=lambda j: (j.due, j.job_id)
+        )
+        picked = (ready + scheduled)[:max_jobs]
+        for job in picked:
+            del self.jobs[job.job_id]
+        return ("purge", queue, len(picked), len(ready) + len(scheduled) - len(picked))
+
+    def put_queue(self, queue: str, overrides: dict[str, Any], now: int) -> tuple[Any, ...]:
+        """PutQueue: the queue's runtime overrides replaced (valid keys and types,
+        and an effective configuration that passes the configuration rules)."""
+        self._start(now)
+        if self._queue_name_error(queue):
+            return self._error(IA)
+        for key, value in overrides.items():
+            if key not in QUEUE_OVERRIDE_KEYS:
+                return self._error(IA)
+            if not (isinstance(value, str) if key == "retry_backoff" else is_int(value)):
+                return self._error(IA)
+        base = self.config.queues.get(queue, self.config.defaults)
+        policy = dataclasses.replace(base, **overrides)
+        queues = dict(self.config.queues)
+        queues.update({name: self.policy(name) for name in self.overrides})
+        queues[queue] = policy
+        try:
+            validate_config(dataclasses.replace(self.config, queues=queues))
+        except ConfigError:
+            return self._error(IA)
+        self._commit_time()
+        previous = self.overrides.get(queue)
+        if previous == overrides:
+            return ("put_queue", queue, False, False, policy)
+        self.overrides[queue] = dict(overrides)
+        return ("put_queue", queue, previous is None, True, policy)
+
+    def delete_queue(self, queue: str, now: int) -> tuple[Any, ...]:
+        """DeleteQueue: the runtime definition removed; a queue the file does not
+        declare loses its Ready and Scheduled jobs too."""
+        self._start(now)
+        if self._queue_name_error(queue):
+            return self._error(IA)
+        if queue not in self.overrides:
+            return self._error("QueueNotFound")
+        by_file = queue in self.config.queues
+        jobs = [j for j in self.jobs.values() if j.queue == queue]
+        if any(j.status == IN_FLIGHT for j in jobs):
+            return self._error("QueueInUse")
+        if not by_file and len(jobs) > ADMIN_CHUNK_MAX:
+            return self._error("QueueInUse")
+        self._commit_time()
+        doomed = [] if by_file else jobs
+        for job in doomed:
+            del self.jobs[job.job_id]
+        del self.overrides[queue]
+        return ("delete_queue", queue, len(doomed), by_file)
 
     def pause(self, queue: str, paused: bool, now: int) -> tuple[Any, ...]:
         self._start(now)
-        if self.config.strict_queues and queue not in self.config.queues:
+        if self.config.strict_queues and not self.declared(queue):
             return self._error("QueueNotFound")
         self._commit_time()
         if (queue in self.paused) == paused:
@@ -620,15 +764,8 @@ class Model:
                 refused.append(raw.lower())
                 continue
             self.dead.remove(record)
-            job = record.job
-            job.attempt = 1
-            job.enqueued_at = t
-            job.arrival = self._arrive()
-            job.scheduled_at = None
-            job.last_reason = None
-            self._make_ready(job)
-            self.jobs[job.job_id] = job
-            affected.append(job.job_id)
+            self._requeue_dead(record, t)
+            affected.append(record.job.job_id)
         return ("admin", tuple(affected), tuple(refused))
 
     # -- sweep -----------------------------------------------------------------
@@ -684,6 +821,7 @@ class Model:
         queue only while it holds a job, a dead letter or an idempotency key."""
         return (
             set(self.config.queues)
+            | set(self.overrides)
             | self.paused
             | {j.queue for j in self.jobs.values()}
             | {d.job.queue for d in self.dead}
@@ -725,6 +863,7 @@ class Model:
             ],
             "dedup": dict(self.dedup),
             "next_deadline": self.next_deadline(),
+            "overrides": dict(self.overrides),
         }
 
 
@@ -798,6 +937,12 @@ def normalise(result: Decision | CommandError) -> tuple[Any, ...]:
         return ("outcomes", reply.outcomes, reply.remaining)
     if isinstance(reply, QueueAdminResult):
         return ("queue_admin", reply.queue, reply.paused, reply.changed)
+    if isinstance(reply, PurgeResult):
+        return ("purge", reply.queue, reply.purged, reply.remaining)
+    if isinstance(reply, PutQueueResult):
+        return ("put_queue", reply.queue, reply.created, reply.changed, reply.policy)
+    if isinstance(reply, DeleteQueueResult):
+        return ("delete_queue", reply.queue, reply.cancelled, reply.declared_by_file)
     raise TypeError(f"unexpected reply {reply!r}")
 
 
@@ -862,4 +1007,5 @@ def observe_core(state: State) -> dict[str, Any]:
         ],
         "dedup": dict(state.dedup),
         "next_deadline": state.next_deadline(),
+        "overrides": dict(state.queue_overrides),
     }

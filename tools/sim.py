@@ -4,7 +4,9 @@ crash/restart simulation of sepp against the reference model.
 Owns: the seeded, in-process simulation. One seed = one run: a random core
 configuration and storage options (persist mode, tiny segments, frequent
 snapshots, retention), a random workload of every command kind (including
-refused and fenced ones) on a manual clock, driven through the real storage
+refused and fenced ones, and every admin mutation of issue 15: dead-letter and
+cancel by id, requeue and delete of dead letters by id and by queue / cause,
+pause, resume, purge, put and delete of a runtime queue) on a manual clock, driven through the real storage
 `Engine` on the fault-injecting file system (`sepp.storage.faultfs`), and a
 handful of crash/restart cycles. Every command also runs on the reference model
 (`tools.refmodel.Model`), so each cycle is checked against an independent,
@@ -108,17 +110,30 @@ from sepp.core import (
 )
 from sepp.core.commands import (
     AdminDeadLetterJobs,
+    AdminRequeueDeadLetters,
     CancelJobs,
     DeleteDeadLetters,
+    DeleteQueue,
     PauseQueue,
+    PurgeQueue,
+    PutQueue,
     ResumeQueue,
 )
+from sepp.core.events import CAUSE_NAMES
 from sepp.core.invariants import InvariantViolation
 from sepp.core.results import CommandError
 from sepp.storage import HOOK_POINTS, Engine, RecoveryError, StorageFailed, StorageOptions
 from sepp.storage.faultfs import MUTATING_OPS, Crasher, FaultyFileSystem, SimulatedCrash
 
-from .refmodel import IN_FLIGHT, READY, SCHEDULED, Model, answer_difference, observe_core
+from .refmodel import (
+    ADMIN_CHUNK_MAX,
+    IN_FLIGHT,
+    READY,
+    SCHEDULED,
+    Model,
+    answer_difference,
+    observe_core,
+)
 from .refmodel import normalise as normalise_answer
 
 __all__ = ["SeedResult", "Violation", "main", "run_seed", "run_seeds"]
@@ -361,7 +376,21 @@ class Workload:
         """An operator's command of issue 15 (logged with an AdminAction header)."""
         rng = self.rng
         actor, role = "ann", rng.choice(("operator", "admin"))
-        kind = rng.choice(("cancel", "dead_letter", "delete", "pause", "resume", "resume"))
+        kind = rng.choice(
+            (
+                "cancel",
+                "dead_letter",
+                "delete",
+                "requeue",
+                "by_filter",
+                "pause",
+                "resume",
+                "resume",
+                "purge",
+                "put_queue",
+                "delete_queue",
+            )
+        )
         if kind in ("cancel", "dead_letter"):
             waiting = sorted(
                 j.job_id for j in model.jobs.values() if j.status in (READY, SCHEDULED)
@@ -374,13 +403,37 @@ class Workload:
             return AdminDeadLetterJobs(
                 job_ids=ids, reason="op", actor=actor, role=role
             ), lambda m: m.live_jobs_admin(ids, True, "op", now)
-        if kind == "delete":
+        if kind in ("delete", "requeue"):
             dead = [d.job.job_id for d in model.dead]
             ids = (*rng.sample(dead, min(len(dead), 2)), self.job_id())
-            return DeleteDeadLetters(
-                job_ids=ids, actor=actor, role=role
-            ), lambda m: m.delete_dead_letters(ids, now)
+            if kind == "delete":
+                return DeleteDeadLetters(
+                    job_ids=ids, actor=actor, role=role
+                ), lambda m: m.delete_dead_letters(ids, now)
+            return AdminRequeueDeadLetters(
+                job_ids=ids, reason="again", actor=actor, role=role
+            ), lambda m: m.dead_letters_admin(ids, None, None, ADMIN_CHUNK_MAX, True, now)
+        if kind == "by_filter":
+            return self.dead_letters_by_filter(actor, role, now)
+        if kind == "delete_queue" and not model.overrides and rng.random() < 0.8:
+            kind = "put_queue"  # define one first, mostly
         queue = rng.choice(QUEUES)
+        if kind == "purge":
+            most = rng.choice((1, 2, 1000))
+            return PurgeQueue(
+                queue=queue, max_jobs=most, reason="flush", actor=actor, role=role
+            ), lambda m: m.purge(queue, most, now)
+        if kind == "put_queue":
+            overrides = rng.choice(QUEUE_OVERRIDES)
+            return PutQueue(
+                queue=queue, overrides=overrides, actor="root", role="admin"
+            ), lambda m: m.put_queue(queue, dict(overrides), now)
+        if kind == "delete_queue":
+            if model.overrides and rng.random() < 0.8:
+                queue = rng.choice(sorted(model.overrides))
+            return DeleteQueue(queue=queue, actor="root", role="admin"), lambda m: m.delete_queue(
+                queue, now
+            )
         if kind == "pause":
             return PauseQueue(queue=queue, actor=actor, role=role), lambda m: m.pause(
                 queue, True, now
@@ -388,6 +441,40 @@ class Workload:
         return ResumeQueue(queue=queue, actor=actor, role=role), lambda m: m.pause(
             queue, False, now
         )
+
+    def dead_letters_by_filter(self, actor: str, role: str, now: int) -> tuple[Command, Any]:
+        """A requeue or delete of dead letters by queue and / or cause, in a chunk;
+        now and then ids and a filter together (refused)."""
+        rng = self.rng
+        queue = rng.choice((None, *QUEUES))
+        cause = rng.choice((None, *sorted(CAUSE_NAMES)))
+        if queue is None and cause is None:
+            queue = rng.choice(QUEUES)
+        ids: tuple[str, ...] = (self.job_id(),) if rng.random() < 0.05 else ()
+        most = rng.choice((1, 2, 1000))
+        requeue = rng.random() < 0.5
+        command = AdminRequeueDeadLetters if requeue else DeleteDeadLetters
+        return command(
+            job_ids=ids, queue=queue, cause=cause, max_jobs=most, actor=actor, role=role
+        ), lambda m: m.dead_letters_admin(ids, queue, cause, most, requeue, now)
+
+
+# Runtime queue definitions the simulation puts (issue 15): valid ones (some
+# change delivery: lease cap, default priority and attempts, retry delay, depth),
+# the same again (changed=False), ones the configuration rules refuse against a
+# file's queue (a default above its ceiling), and unknown / restart-only keys.
+QUEUE_OVERRIDES: tuple[dict[str, int | str], ...] = (
+    {},
+    {"default_priority": 7},
+    {"default_priority": 2, "default_max_attempts": 1},
+    {"max_lease_duration_ms": 400, "retry_delay_ms": 0},
+    {"retry_backoff": "exponential", "retry_delay_ms": 30},
+    {"max_queue_depth": 3},
+    {"default_max_attempts": 3},
+    {"dedup_window_ms": 5},
+    {"no_such_setting": 1},
+    {"default_priority": "high"},
+)
 
 
 # ---------------------------------------------------------------- one run
