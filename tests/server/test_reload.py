@@ -190,22 +190,22 @@ def test_an_unchanged_file_plans_no_change(tmp_path: Path):
 # -- in a running server (in process) --------------------------------------------------------
 
 
-def in_process_reloader(server, path: Path) -> ConfigReloader:
+def in_process_reloader(server, path: Path, env: dict[str, str] = OFF) -> ConfigReloader:
     """Hot reload of `server` from `path` as `sepp serve --config path` runs it (no
     timers: the test calls reload)."""
     overrides = {("server", "data_dir"): "/sepp-data", ("server", "listen_addr"): "127.0.0.1:0"}
     reloader = ConfigReloader(
         server.service.config,
-        lambda: load_config(str(path), env=OFF, overrides=overrides),
+        lambda: load_config(str(path), env=env, overrides=overrides),
         server.reconfigure,
     )
     server.reloader = reloader
     return reloader
 
 
-def in_process_config_from(path: Path) -> ServerConfig:
+def in_process_config_from(path: Path, env: dict[str, str] = OFF) -> ServerConfig:
     overrides = {("server", "data_dir"): "/sepp-data", ("server", "listen_addr"): "127.0.0.1:0"}
-    return load_config(str(path), env=OFF, overrides=overrides)
+    return load_config(str(path), env=env, overrides=overrides)
 
 
 async def test_a_reload_switches_keys_and_closes_only_connections_of_a_removed_key(
@@ -277,6 +277,36 @@ async def test_a_reload_declares_new_queues_and_forgets_removed_empty_ones(tmp_p
         state = server.engine.state
         assert "old" not in state.queues and "new" in state.queues
         check_invariants(state)
+
+
+def admin_keys_toml(**roles: str) -> str:
+    entries = ", ".join(
+        f'{{name = "{name}", key = "{name}-secret", role = "{role}"}}'
+        for name, role in roles.items()
+    )
+    return f'[admin]\nlisten_addr = "127.0.0.1:0"\nkeys = [{entries}]\n'
+
+
+async def test_a_reload_switches_admin_keys_and_their_roles(tmp_path: Path):
+    path = tmp_path / "sepp.toml"
+    write_config(path, admin_keys_toml(alice="admin", bob="viewer"))
+    async with in_process(in_process_config_from(path, {})) as server:
+        assert server.admin_address is not None
+        host, port = server.admin_address
+        url = f"http://{host}:{port}/admin/api/v1/queues/q:pause"
+
+        async def pause_as(name: str) -> int:
+            headers = {"Authorization": f"Bearer {name}-secret"}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url, json={"reason": "test"}, headers=headers) as response,
+            ):
+                return response.status
+
+        assert (await pause_as("alice"), await pause_as("bob")) == (200, 403)
+        write_config(path, admin_keys_toml(bob="operator", carol="admin"))
+        assert in_process_reloader(server, path, {}).reload()
+        assert [await pause_as(name) for name in ("alice", "bob", "carol")] == [401, 200, 200]
 
 
 # -- SIGHUP and file changes to a real `sepp serve` -------------------------------------------
