@@ -46,6 +46,7 @@ import aiohttp
 
 from benchmarks.bench_e2e import _taskset, loadgen
 from benchmarks.common import machine_line, median, print_table
+from benchmarks.compare import _our_cpu, _system_busy, wait_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("enqueue", "drain")
@@ -155,6 +156,7 @@ class Observer:
 
 
 def one_run(metrics_on: bool, pin: bool, jobs: int, connections: int) -> dict[str, Any]:
+    busy0, ours0, wall0 = _system_busy(), _our_cpu(), time.perf_counter()
     server = Server(metrics_on, pin)
     observer = Observer(server.admin) if server.admin is not None else None
     try:
@@ -178,6 +180,10 @@ def one_run(metrics_on: bool, pin: bool, jobs: int, connections: int) -> dict[st
             "scrapes": observer.scrapes,
             "requests_total": observer.requests_total,
         }
+    # Cores that other processes used meanwhile: the machine is shared.
+    result["others_cpu"] = max(
+        0.0, (_system_busy() - busy0 - (_our_cpu() - ours0)) / (time.perf_counter() - wall0)
+    )
     for phase in PHASES:
         r = result[phase]
         r["cpu_us_per_job"] = r["server_cpu"] / r["jobs_per_s"] * 1e6
@@ -193,6 +199,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--json", type=Path, help="also write every run here")
+    parser.add_argument(
+        "--quiet",
+        type=float,
+        default=10.0,
+        help="wait up to this many seconds before each run for other processes to quiet down",
+    )
     args = parser.parse_args()
     pin = not args.no_pin
     print(machine_line())
@@ -205,6 +217,7 @@ def main() -> None:
     for round_no in range(args.rounds):
         order = (True, False) if round_no % 2 == 0 else (False, True)
         for metrics_on in order:
+            wait_quiet(args.quiet, print)
             result = one_run(metrics_on, pin, args.jobs, args.connections)
             runs[metrics_on].append(result)
             seen = result.get("observer")
@@ -220,7 +233,8 @@ def main() -> None:
                     f"sepp_requests_total {seen['requests_total']:,.0f})"
                     if seen
                     else ""
-                ),
+                )
+                + f"  [others' CPU {result['others_cpu'] * 100:.0f}%]",
                 flush=True,
             )
     rows = []
@@ -233,7 +247,7 @@ def main() -> None:
             )
             for p in PHASES
         }
-        label = "on (admin listener, 1 /events stream, /metrics every 1 s)" if metrics_on else "off"
+        label = "on" if metrics_on else "off"
         rows.append(
             [label]
             + [f"{medians[metrics_on][p][0]:,.0f}" for p in PHASES]
@@ -251,6 +265,7 @@ def main() -> None:
         f"\nmedians of {args.rounds} rounds, {args.jobs:,} jobs, {args.connections} connections "
         f"({time.monotonic() - started:.0f} s):"
     )
+    print("on = admin listener on, one /events stream open, /metrics scraped every second")
     print_table(
         [
             "metrics",
@@ -260,6 +275,24 @@ def main() -> None:
             "drain server CPU us/job",
         ],
         rows,
+    )
+    # Rounds ran on and off back to back: the difference within each round, and
+    # its median, is the figure least moved by what else the machine did.
+    for phase in PHASES:
+        paired = [
+            (on[phase]["cpu_us_per_job"] - off[phase]["cpu_us_per_job"])
+            / off[phase]["cpu_us_per_job"]
+            * 100
+            for on, off in zip(runs[True], runs[False])
+        ]
+        print(
+            f"{phase}: server CPU per job on - off within each round "
+            + " ".join(f"{d:+.1f}%" for d in paired)
+            + f", median {median(paired):+.1f}%"
+        )
+    print(
+        "others' CPU during the runs (cores): "
+        + " ".join(f"{r['others_cpu']:.2f}" for r in runs[True] + runs[False])
     )
     if args.json:
         args.json.write_text(json.dumps({"on": runs[True], "off": runs[False]}, indent=1))

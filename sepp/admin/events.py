@@ -41,7 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sepp.admin.auth import require
+from sepp.admin.auth import ApiError, require
 from sepp.server.service import SeppService
 
 log = logging.getLogger("sepp.admin")
@@ -227,7 +227,7 @@ class EventsRoute:
         require(request, "events")
         hub = self.hub
         if hub.closed:
-            raise web.HTTPServiceUnavailable(text="shutting down\n")
+            raise ApiError(503, "unavailable", "the server is shutting down")
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",

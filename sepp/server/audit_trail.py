@@ -224,9 +224,15 @@ class AuditTrail:
                     continue
                 if first_seq > tail[0]:  # the previous segment is done
                     tail = (first_seq, FILE_HEADER_BYTES, first_seq)
-                offset, seq = await self._scan_segment(
-                    path, first_seq, tail[1], tail[2], size, durable
-                )
+                try:
+                    offset, seq = await self._scan_segment(
+                        path, first_seq, tail[1], tail[2], size, durable
+                    )
+                except FileNotFoundError:
+                    # Retention deleted it since the list was taken: its actions
+                    # are gone (the next call drops what was indexed of them).
+                    tail = (first_seq + 1, FILE_HEADER_BYTES, first_seq + 1)
+                    continue
                 tail = (first_seq, offset, seq)
                 if offset < size or seq > durable:
                     break  # more of this segment next time (not written or durable yet)
