@@ -108,6 +108,25 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "sepp.server.wire",
         ),
     ),
+    # The gRPC sepp.v1 front (issue 18): a thin adapter over the service layer, like
+    # the admin front; never storage, the native protocol or wire, another front,
+    # or the client.
+    "sepp/grpc": (
+        ("sepp.grpc", "sepp.server.service", "sepp.core"),
+        (
+            "tools",
+            "log_format",
+            "sepp.storage",
+            "sepp.protocol",
+            "sepp.client",
+            "sepp.admin",
+            "sepp.server.server",
+            "sepp.server.wire",
+            "sepp.server.native_admin",
+            "aiohttp",
+            "msgpack",
+        ),
+    ),
 }
 
 # Narrow exceptions by file (fnmatch on the path from the repo root), replacing the

@@ -2,6 +2,7 @@
 running server.
 
     sepp serve [--config FILE] [--data-dir DIR] [--listen HOST:PORT] [--admin-listen HOST:PORT]
+               [--grpc-listen HOST:PORT]
                [--persist-mode sync_all|sync_data|buffer] [--api-keys-file FILE]
     sepp config example
     sepp info | stats | enqueue QUEUE JOB_TYPE [...] | dead-letters drain [--queue Q]
@@ -39,6 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
         ("server", "data_dir"): args.data_dir,
         ("server", "listen_addr"): args.listen,
         ("admin", "listen_addr"): args.admin_listen,
+        ("grpc", "listen_addr"): args.grpc_listen,
         ("storage", "persist_mode"): args.persist_mode,
         ("auth", "api_keys_file"): args.api_keys_file,
     }
@@ -94,6 +96,10 @@ def _serve(args: argparse.Namespace) -> int:
             metrics_host, metrics_port = server.metrics_address
             metrics_shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
             print(f"sepp metrics on http://{metrics_shown}:{metrics_port}", flush=True)
+        if server.grpc_address is not None:
+            grpc_host, grpc_port = server.grpc_address
+            grpc_shown = f"[{grpc_host}]" if ":" in grpc_host else grpc_host
+            print(f"sepp grpc on {grpc_shown}:{grpc_port}", flush=True)
         return await server.wait_stopped()
 
     try:
@@ -127,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="the admin HTTP listener (/metrics, /livez, /readyz): default 127.0.0.1:9465; "
         'port 0 = any; "off" = none',
+    )
+    serve.add_argument(
+        "--grpc-listen",
+        metavar="HOST:PORT",
+        help="the gRPC sepp.v1 front for the official clients (grpc.listen_addr): default "
+        'off; the reference uses port 50051; port 0 = any; needs the extra sepp[grpc]',
     )
     serve.add_argument("--persist-mode", choices=PERSIST_MODES, help="default sync_all")
     serve.add_argument(

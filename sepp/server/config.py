@@ -240,6 +240,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             'any address; "off" = /metrics only on the admin listener',
         ),
     },
+    "grpc": {
+        "listen_addr": Key(
+            "str",
+            "off",
+            "host:port of the gRPC sepp.v1 front for the official clients (the reference "
+            'uses port 50051); TLS and API keys as for the native listener; "off" = none',
+        ),
+    },
     "logging": {
         "level": Key(
             "str",
@@ -317,6 +325,14 @@ class ServerConfig:
         if value.lower() in ADMIN_OFF:
             return None
         return parse_listen(value, "metrics.listen_addr")
+
+    @property
+    def grpc_listen(self) -> tuple[str, int] | None:
+        """The gRPC front's (host, port), or None when it is off (the default)."""
+        value = self.get("grpc", "listen_addr").strip()
+        if value.lower() in ADMIN_OFF:
+            return None
+        return parse_listen(value, "grpc.listen_addr")
 
     @property
     def admin_keys(self) -> list[AdminKey]:
@@ -651,6 +667,7 @@ def _cross_validate(config: ServerConfig) -> None:
         )
     parse_listen(server["listen_addr"])
     config.metrics_listen  # noqa: B018 - validates metrics.listen_addr
+    config.grpc_listen  # noqa: B018 - validates grpc.listen_addr
     admin = config.admin_listen
     if admin is not None and not is_loopback_host(admin[0]) and not config.admin_keys:
         # Issue 15 item 4: an admin listener others can reach is never open: a

@@ -52,7 +52,7 @@ from sepp.core.commands import (
     Nack,
     NewJob,
 )
-from sepp.core.config import CoreConfig
+from sepp.core.config import ConfigError, CoreConfig
 from sepp.core.decide import Decision
 from sepp.core.results import (
     AckResult,
@@ -197,6 +197,10 @@ class SeppServer:
         # The metrics-only listener ([metrics] listen_addr), same shape.
         self.metrics_listener: Any = None
         self.metrics_address: tuple[str, int] | None = None
+        # The gRPC sepp.v1 front (sepp/grpc) and its bound address; None when
+        # [grpc] listen_addr is "off" (the default).
+        self.grpc: Any = None
+        self.grpc_address: tuple[str, int] | None = None
         if config.admin_listen is not None or config.metrics_listen is not None:
             # Counted only when a listener serves /metrics (the native front's hot
             # path skips them otherwise).
@@ -271,9 +275,11 @@ class SeppServer:
         self._loop = asyncio.get_running_loop()
         await self._start_admin_listeners()
         try:
+            await self._start_grpc_listener()
             return await self._start_serving()
         except BaseException:
             # A refused start leaves nothing listening behind.
+            await self._stop_grpc_listener()
             await self._stop_admin_listeners()
             raise
 
@@ -298,6 +304,27 @@ class SeppServer:
         for listener in (self.admin, self.metrics_listener):
             if listener is not None:
                 await listener.stop()
+
+    async def _start_grpc_listener(self) -> None:
+        """Bound before recovery like the admin listener (a taken address refuses
+        the start before storage opens); until recovery is done its calls answer
+        UNAVAILABLE and its health check NOT_SERVING."""
+        address = self.config.grpc_listen
+        if address is None:
+            return
+        try:
+            from sepp.grpc.front import GrpcListener
+        except ImportError as exc:
+            raise ConfigError(
+                "grpc.listen_addr",
+                f"the gRPC front needs the optional extra sepp[grpc] ({exc})",
+            ) from None
+        self.grpc = GrpcListener(self.service)
+        self.grpc_address = await self._start_listener(self.grpc, address)
+
+    async def _stop_grpc_listener(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop()
 
     async def _start_serving(self) -> tuple[str, int]:
         assert self._loop is not None
@@ -531,6 +558,8 @@ class SeppServer:
             except (StorageFailed, OSError) as exc:
                 log.error("shutdown: final snapshot failed: %s", exc)
                 self.exit_code = EXIT_STORAGE_FAILED
+        # Calls still in flight have their answers (durable or refused) by now.
+        await self._stop_grpc_listener()
         for conn in list(self.connections):
             conn.close()
         if self._server is not None:

@@ -552,16 +552,18 @@ class SeppService:
         return outcomes, last
 
     def drain_dead_letters(
-        self, queue: str | None, max_records: int, actor: str
+        self, queue: str | None, max_records: int, actor: str, max_bytes: int | None = None
     ) -> tuple[Decision | CommandError, int]:
         """Delete and return dead letters. The answer must fit one frame (max_bytes),
-        for the records it carries are deleted by the same record."""
+        for the records it carries are deleted by the same record; a front whose
+        clients take less than max_message_bytes passes its own `max_bytes`."""
         if self.stopping:
             raise ShuttingDown()
+        budget = self.answer_items_bytes_max
+        if max_bytes is not None and max_bytes < budget:
+            budget = max_bytes
         decision, barrier = self.run(
-            DrainDeadLetters(
-                queue=queue, max_records=max_records, max_bytes=self.answer_items_bytes_max
-            )
+            DrainDeadLetters(queue=queue, max_records=max_records, max_bytes=budget)
         )
         if type(decision) is Decision and decision.events:
             log.warning(
@@ -952,20 +954,23 @@ class SeppService:
         worker_id: str | None,
         wait_ms: int,
         sink: ReserveSink,
+        answer_bytes_max: int | None = None,
     ) -> ParkedReserve | None:
         """Lease up to `max_jobs` jobs; the answer goes to `sink` once durable. If
         none is ready and `wait_ms` > 0 (capped at max_wait_timeout_ms) the reserve
-        is parked and its handle returned (for `withdraw` / `abandon`)."""
+        is parked and its handle returned (for `withdraw` / `abandon`). A front
+        whose clients take less than max_message_bytes passes `answer_bytes_max`."""
         if self.stopping:
             raise ShuttingDown()
         if wait_ms < 0:
             raise InvalidRequest("wait_ms must be >= 0")
+        max_bytes = self.answer_items_bytes_max
+        if answer_bytes_max is not None and answer_bytes_max < max_bytes:
+            max_bytes = answer_bytes_max
         # Positional, in Reserve's field order: a reserve per request is the
         # worker's hot path. max_bytes keeps the answer within one frame of the
         # client's (= our) limit, leaving room for the envelope.
-        command: Reserve = _new_tuple(
-            Reserve, (queues, lease_ms, max_jobs, worker_id, self.answer_items_bytes_max)
-        )
+        command: Reserve = _new_tuple(Reserve, (queues, lease_ms, max_jobs, worker_id, max_bytes))
         decision, barrier = self.run(command)
         if type(decision) is not Decision:
             assert isinstance(decision, CommandError)
@@ -991,13 +996,20 @@ class SeppService:
         worker_id: str | None,
         wait_ms: int,
         peer: str,
+        answer_bytes_max: int | None = None,
     ) -> tuple[JobView, ...]:
         """`reserve`, awaited: the jobs once durable (possibly none), or
         CommandRefused / StorageFailed. Cancelled while parked, it leases nothing;
         cancelled after jobs were leased, they are released."""
         future: asyncio.Future[tuple[JobView, ...]] = asyncio.get_running_loop().create_future()
         parked = self.reserve(
-            queues, lease_ms, max_jobs, worker_id, wait_ms, FutureSink(future, peer)
+            queues,
+            lease_ms,
+            max_jobs,
+            worker_id,
+            wait_ms,
+            FutureSink(future, peer),
+            answer_bytes_max,
         )
         try:
             return await future
