@@ -1,0 +1,225 @@
+"""The gRPC front (issue 18): the official Python client against a real
+`sepp serve --grpc-listen`, beside the native protocol on the same server.
+
+Per run: a fresh `sepp serve --persist-mode sync_all --grpc-listen 127.0.0.1:0`
+(snapshots off) pinned to core 0, then, one after the other, each pinned to core 1:
+
+| phase      | the client process                                                          |
+|------------|-----------------------------------------------------------------------------|
+| official   | sepp-py 0.1.0 (the official client, in .venv-official): ONE `SeppClient`,   |
+|            | 50 tasks each awaiting `client.enqueue(...)`: one EnqueueBatch RPC per job  |
+| native_raw | benchmarks/loadgen.py: 50 connections, one single-job `enqueue` request in   |
+|            | flight each (the native protocol, one request per job, like the RPCs above) |
+| native     | our `SeppClient` (bench_client's producer phase): 50 concurrent `enqueue`;   |
+|            | it coalesces the calls of one loop turn into one request                    |
+
+256-byte payloads, durable (`sync_all`). Per phase: jobs/s (median of --runs, min -
+max), the server's CPU µs per request and per job (/proc/PID/stat, 10 ms ticks) and
+the client's CPU µs per job. The target of issue 18: official >= 4,000 jobs/s.
+
+    python -m benchmarks.bench_grpc                 # 20,000 jobs per phase, 3 runs
+    python -m benchmarks.bench_grpc --jobs 5000 --runs 1 --phases official
+
+Needs the official client's environment (.venv-official, or --official-venv):
+`pytest tests/grpc/test_official_suite.py` builds it (tests/grpc/conftest.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import fsync_rate, machine_line, median, print_table
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("official", "native_raw", "native")
+TARGET_OFFICIAL_JOBS_PER_S = 4_000
+
+
+def _taskset(core: int | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+class GrpcServer:
+    """`sepp serve` with the gRPC front; ports read from its first lines."""
+
+    def __init__(self, pin: bool) -> None:
+        self.data_dir = tempfile.mkdtemp(prefix="sepp-bench-grpc-")
+        env = dict(os.environ)
+        env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
+        env.setdefault("SEPP_LOGGING__LEVEL", "warning")
+        env["SEPP_ADMIN__LISTEN_ADDR"] = "off"
+        cmd = [
+            *_taskset(0 if pin else None),
+            sys.executable, "-m", "sepp.server.cli", "serve",
+            "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
+            "--data-dir", self.data_dir, "--persist-mode", "sync_all",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+        )
+        assert self.proc.stdout is not None
+        self.port = self.grpc_port = 0
+        while not self.grpc_port:
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                self.stop()
+                raise RuntimeError("server did not start")
+            if line.startswith("sepp listening on "):
+                self.port = int(line.strip().rpartition(":")[2])
+            elif line.startswith("sepp grpc on "):
+                self.grpc_port = int(line.strip().rpartition(":")[2])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _json_tail(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=1800)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise RuntimeError(f"{cmd[:4]} failed ({out.returncode}): {out.stderr.strip()[-1500:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def official_phase(server: GrpcServer, venv: Path, jobs: int, pin: bool) -> dict[str, Any]:
+    child = ROOT / "benchmarks" / "grpc_official_child.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # Run by path from a directory without a `sepp` package: `import sepp` must
+    # find the official client, not this repository.
+    return _json_tail(
+        [
+            str(venv / "bin" / "python"), str(child),
+            "--addr", f"127.0.0.1:{server.grpc_port}", "--server-pid", str(server.proc.pid),
+            "--jobs", str(jobs), "--pin", "1" if pin else "-1",
+        ],
+        cwd=Path(tempfile.gettempdir()),
+        env=env,
+    )  # fmt: skip
+
+
+def native_raw_phase(server: GrpcServer, jobs: int, pin: bool) -> dict[str, Any]:
+    result = _json_tail(
+        [
+            *_taskset(1 if pin else None), sys.executable, "-m", "benchmarks.loadgen",
+            "--port", str(server.port), "--connections", "50", "--jobs", str(jobs),
+            "--phases", "enqueue", "--server-pid", str(server.proc.pid), "--queue", "bench-raw",
+        ],
+        cwd=ROOT,
+    )["enqueue"]  # fmt: skip
+    server_s = result["server_cpu"] * result["seconds"]
+    client_s = result["client_cpu"] * result["seconds"]
+    return {
+        "jobs": jobs,
+        "jobs_per_s": result["jobs_per_s"],
+        "server_us_per_job": server_s / jobs * 1e6,
+        "server_us_per_rpc": server_s / jobs * 1e6,  # one request per job
+        "client_us_per_job": client_s / jobs * 1e6,
+    }
+
+
+def native_phase(server: GrpcServer, jobs: int, pin: bool) -> dict[str, Any]:
+    cmd = [
+        sys.executable, "-m", "benchmarks.bench_client", "--child",
+        "--port", str(server.port), "--server-pid", str(server.proc.pid),
+        "--jobs", str(jobs), "--concurrency", "50", "--phases", "producer",
+    ]  # fmt: skip
+    if not pin:
+        cmd.append("--no-pin")
+    result = _json_tail(cmd, cwd=ROOT)["producer"]
+    # Requests are coalesced: per request is not per job here (not measured).
+    result["server_us_per_rpc"] = float("nan")
+    return dict(result)
+
+
+def run_once(phases: Sequence[str], jobs: int, venv: Path, pin: bool) -> dict[str, Any]:
+    server = GrpcServer(pin)
+    try:
+        out: dict[str, Any] = {}
+        for phase in phases:
+            if phase == "official":
+                out[phase] = official_phase(server, venv, jobs, pin)
+            elif phase == "native_raw":
+                out[phase] = native_raw_phase(server, jobs, pin)
+            else:
+                out[phase] = native_phase(server, jobs, pin)
+        return out
+    finally:
+        server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_grpc")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    parser.add_argument(
+        "--official-venv", type=Path, default=Path(
+            os.environ.get("SEPP_OFFICIAL_VENV") or ROOT / ".venv-official"
+        ),
+    )  # fmt: skip
+    parser.add_argument("--no-pin", dest="pin", action="store_false")
+    args = parser.parse_args(argv)
+    if "official" in args.phases and not (args.official_venv / "bin" / "python").exists():
+        raise SystemExit(
+            f"no official client environment at {args.official_venv}: "
+            "run `pytest tests/grpc/test_official_suite.py` once (it builds it)"
+        )
+    print(machine_line())
+    probe = fsync_rate()
+    print(f"fsync probe: {probe['syncs_per_s']:,.0f} syncs/s (4 KiB append + fdatasync)")
+    print(f"{args.jobs:,} jobs per phase, {args.runs} run(s), sync_all, 256-byte payloads")
+    runs = []
+    for n in range(args.runs):
+        runs.append(run_once(args.phases, args.jobs, args.official_venv, args.pin))
+        print(f"run {n + 1}: " + ", ".join(
+            f"{p} {runs[-1][p]['jobs_per_s']:,.0f} jobs/s" for p in args.phases
+        ))  # fmt: skip
+    rows = []
+    for phase in args.phases:
+        values = [r[phase] for r in runs]
+        rates = [v["jobs_per_s"] for v in values]
+        rows.append(
+            [
+                phase,
+                median(rates),
+                f"{min(rates):,.0f}-{max(rates):,.0f}",
+                median([v["server_us_per_rpc"] for v in values]),
+                median([v["server_us_per_job"] for v in values]),
+                median([v["client_us_per_job"] for v in values]),
+            ]
+        )
+    print()
+    print_table(
+        ["phase", "jobs/s", "min-max", "server µs/request", "server µs/job", "client µs/job"],
+        rows,
+    )
+    if "official" in args.phases:
+        got = median([r["official"]["jobs_per_s"] for r in runs])
+        verdict = "MET" if got >= TARGET_OFFICIAL_JOBS_PER_S else "NOT MET"
+        print(
+            f"\nofficial client, 50 concurrent single-job enqueues >= "
+            f"{TARGET_OFFICIAL_JOBS_PER_S:,} jobs/s: {got:,.0f} -> {verdict}"
+        )
+
+
+if __name__ == "__main__":
+    main()
