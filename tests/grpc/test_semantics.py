@@ -178,6 +178,45 @@ async def test_a_reserve_answer_stays_within_the_clients_4_mib_and_the_rest_stay
     assert (stats.in_flight, stats.ready) == (len(jobs), 10 - len(jobs))
 
 
+async def test_a_drain_answer_stays_within_the_clients_4_mib_and_the_rest_stays_stored():
+    payload = pb.Payload(data=b"x" * 900_000, encoding="application/octet-stream")
+    async with (
+        grpc_server(storage__dead_letter_retention_ms="600000") as server,
+        stub_for(grpc_address(server)) as stub,
+    ):
+        await stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=[job("q", payload=payload)] * 10))
+        for delivered in await reserve(stub, "q", max_jobs=10):
+            await stub.Nack(
+                pb.NackRequest(job_id=delivered.id, attempt=1, retry=pb.NackRetry(dead_letter={}))
+            )
+        while server.service.queue_stats(["q"])[1][0].ready:
+            for delivered in await reserve(stub, "q", max_jobs=10):
+                await stub.Nack(
+                    pb.NackRequest(
+                        job_id=delivered.id, attempt=1, retry=pb.NackRetry(dead_letter={})
+                    )
+                )
+        drained = await stub.DrainDeadLetters(pb.DrainDeadLettersRequest(queue="q", max=10))
+        left = server.service.queue_stats(["q"])[1][0].dead_lettered
+    assert 1 <= len(drained.records) < 10
+    assert drained.ByteSize() <= CLIENT_RECEIVE_BYTES_DEFAULT
+    assert left == 10 - len(drained.records)
+
+
+async def test_a_request_up_to_16_mib_is_received_and_a_larger_one_refused():
+    payload = pb.Payload(data=b"x" * 1_000_000, encoding="application/octet-stream")
+    async with grpc_server() as server, stub_for(grpc_address(server)) as stub:
+        # ~6 MB: over gRPC's default 4 MiB receive limit, within max_message_bytes.
+        big = await stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=[job("q", payload=payload)] * 6))
+        assert [r.WhichOneof("outcome") for r in big.results] == ["success"] * 6
+        too_big = pb.EnqueueBatchRequest(jobs=[job("q", payload=payload)] * 17)
+        assert too_big.ByteSize() > 16 * 1024 * 1024
+        code, _ = await status_of_call(stub.EnqueueBatch(too_big))
+        stats = server.service.queue_stats(["q"])[1][0]
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stats.ready == 6
+
+
 async def test_dead_letters_are_drained_with_their_cause_and_reason():
     async with (
         grpc_server(storage__dead_letter_retention_ms="60000") as server,
