@@ -279,8 +279,10 @@ class QueueServiceFront:
     ) -> pb.EnqueueBatchResponse:
         service = self.service
         decision, barrier = service.enqueue(self._new_jobs(request), False)
-        reply = _decided(decision).reply
+        # Refusals too wait for the barrier: an answer never shows what is not
+        # yet durable (a NOT_FOUND for an ack of a job whose enqueue is not).
         await service.durable(barrier)
+        reply = _decided(decision).reply
         assert isinstance(reply, EnqueueResult)
         return convert.enqueue_batch_response(reply)
 
@@ -289,8 +291,8 @@ class QueueServiceFront:
     ) -> pb.EnqueueAtomicResponse:
         service = self.service
         decision, barrier = service.enqueue(self._new_jobs(request), True)
-        reply = _decided(decision).reply
         await service.durable(barrier)
+        reply = _decided(decision).reply
         return convert.enqueue_atomic_response(reply)  # type: ignore[arg-type]
 
     # -- reserve
@@ -345,8 +347,8 @@ class QueueServiceFront:
             request.attempt,
             request.worker_id if request.HasField("worker_id") else None,
         )
-        _decided(decision)
         await service.durable(barrier)
+        _decided(decision)
         return pb.AckResponse(job_id=request.job_id)
 
     async def nack(
@@ -375,8 +377,8 @@ class QueueServiceFront:
                 worker_id=request.worker_id if request.HasField("worker_id") else None,
             )
         )
-        reply = _decided(decision).reply
         await service.durable(barrier)
+        reply = _decided(decision).reply
         assert isinstance(reply, NackResult)
         return pb.NackResponse(job_id=reply.job_id, dead_lettered=reply.dead_lettered)
 
@@ -397,8 +399,8 @@ class QueueServiceFront:
                 worker_id=request.worker_id if request.HasField("worker_id") else None,
             )
         )
-        reply = _decided(decision).reply
         await service.durable(barrier)
+        reply = _decided(decision).reply
         assert isinstance(reply, ExtendResult)
         return pb.ExtendResponse(
             job_id=reply.job_id, lease_expires_at=convert.ms_timestamp(reply.lease_expires_at)
@@ -416,8 +418,8 @@ class QueueServiceFront:
             context.peer(),
             max_bytes=self.answer_bytes_max,
         )
-        reply = _decided(decision).reply
         await service.durable(barrier)
+        reply = _decided(decision).reply
         assert isinstance(reply, DrainResult)
         return pb.DrainDeadLettersResponse(
             records=[convert.dead_letter_pb(record) for record in reply.records]
