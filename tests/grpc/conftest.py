@@ -12,9 +12,12 @@ in a virtual environment of its own, `.venv-official` at the repository root
 (SEPP_OFFICIAL_VENV names another), created on first use and reused after
 (`official_client`).
 
-SEPP_GRPC_LONG_TESTS=0 deselects the tests marked `grpc_long` (the keepalive test
-idles over 100 s): .ci/run sets it for its second pass, so they run once per CI
-run, in the first pass. Deselected, not skipped: a skip in CI is a failure.
+SEPP_GRPC_LONG_TESTS=0 deselects the tests marked `grpc_long` (the keepalive test,
+whose probe idles 170 s): .ci/run sets it for its second pass, so they run once
+per CI run, in the first pass. Deselected, not skipped: a skip in CI is a failure.
+The keepalive probe (keepalive_probe.py) is a child process started at collection
+when its test is selected: it idles while the other tests run, so the run waits
+for it only if the suite is shorter than its idle time.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -67,15 +72,80 @@ def pytest_configure(config: pytest.Config) -> None:
         f"grpc_long: runs over a minute; deselected when {LONG_TESTS_ENV}=0 "
         "(.ci/run's second pass)",
     )
+    config.addinivalue_line(
+        "markers",
+        "keepalive_probe: reads the keepalive probe started at collection (conftest)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get(LONG_TESTS_ENV, "1") != "0":
-        return
     long = [item for item in items if item.get_closest_marker("grpc_long") is not None]
-    if long:
+    if long and os.environ.get(LONG_TESTS_ENV, "1") == "0":
         config.hook.pytest_deselected(items=long)
         items[:] = [item for item in items if item.get_closest_marker("grpc_long") is None]
+        return
+    if any(item.get_closest_marker("keepalive_probe") is not None for item in items):
+        start_keepalive_probe()
+
+
+# -- the keepalive probe: idles in a child process while the other tests run ---------------
+
+# Over the official client's 30 s ping interval the gRPC core's default policy (pings
+# without calls refused while idle, 2 strikes) drops the connection with GOAWAY
+# "too_many_pings" after ~150 s idle (measured with grpcio 1.85); 170 s catches it.
+KEEPALIVE_IDLE_S = 170.0
+_probe: dict[str, Any] = {}
+
+
+def start_keepalive_probe() -> None:
+    """Start tests/grpc/keepalive_probe.py (once per session): it idles for
+    KEEPALIVE_IDLE_S while the suite runs, and test_keepalive.py reads its answer."""
+    if _probe:
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="sepp-keepalive-"))
+    out = workdir / "result.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    log = open(workdir / "probe.log", "wb")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "tests.grpc.keepalive_probe",
+            "--idle", str(KEEPALIVE_IDLE_S), "--out", str(out),
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log.close()
+    _probe.update(proc=proc, out=out, log=workdir / "probe.log", started=time.monotonic())
+
+
+def keepalive_probe_result(timeout: float) -> dict[str, Any]:
+    """The probe's answer, waiting for it (the probe was started at collection)."""
+    if not _probe:
+        start_keepalive_probe()
+    proc: subprocess.Popen[bytes] = _probe["proc"]
+    remaining = _probe["started"] + KEEPALIVE_IDLE_S + timeout - time.monotonic()
+    try:
+        proc.wait(max(remaining, 1.0))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    out: Path = _probe["out"]
+    log: Path = _probe["log"]
+    if not out.exists():
+        raise AssertionError(f"the keepalive probe gave no answer; its log:\n{log.read_text()}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["log"] = log.read_text(errors="replace")
+    return result
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    proc = _probe.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()  # by PID: the session ended before its test read it
+        proc.wait()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -7,7 +7,11 @@ INTERNAL).
 
 from __future__ import annotations
 
+import asyncio
+import errno
+
 import grpc
+import grpc.aio
 import pytest
 
 from sepp.core import results as r
@@ -15,8 +19,10 @@ from sepp.grpc.front import _Refused, status_of
 from sepp.grpc.v1 import queue_pb2 as pb
 from sepp.server.config import load_config
 from sepp.server.pipeline import Overloaded
+from sepp.server.server import EXIT_STORAGE_FAILED
 from sepp.server.service import CommandRefused, InvalidRequest, ShuttingDown
 from sepp.storage import StorageFailed
+from sepp.storage.faultfs import FaultyFileSystem
 from tests.grpc.conftest import (
     enqueue_one,
     grpc_address,
@@ -27,7 +33,7 @@ from tests.grpc.conftest import (
     status_of_call,
     stub_for,
 )
-from tests.inprocess import DATA_DIR, in_process
+from tests.inprocess import DATA_DIR, in_process, in_process_config
 
 pytestmark = pytest.mark.usefixtures("in_process_env")
 
@@ -157,3 +163,20 @@ async def test_a_full_commit_backlog_is_resource_exhausted(monkeypatch):
         code, _ = await status_of_call(stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=[job("q")])))
         monkeypatch.undo()
     assert code == S.RESOURCE_EXHAUSTED
+
+
+async def test_a_failed_sync_answers_the_calls_waiting_for_it_internal():
+    fs = FaultyFileSystem()
+    config = in_process_config(grpc__listen_addr="127.0.0.1:0")
+    async with in_process(config, fs) as server, stub_for(grpc_address(server)) as stub:
+        await enqueue_one(stub, job("q"))
+        fs.fail("fsync", errno.EIO, times=-1)
+        calls = [stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=[job("q")])) for _ in range(3)]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert await asyncio.wait_for(server.wait_stopped(), 30) == EXIT_STORAGE_FAILED
+    codes = [o.code() for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    # Never OK: INTERNAL when the outcome is unknown (applied, maybe not on disk),
+    # UNAVAILABLE when refused untouched after the failure.
+    assert len(codes) == 3, outcomes
+    assert codes[0] == S.INTERNAL
+    assert set(codes) <= {S.INTERNAL, S.UNAVAILABLE}
