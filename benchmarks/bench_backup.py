@@ -5,8 +5,11 @@ One `sepp serve` (pinned to core 0, admin listener on, snapshots off so the data
 directory is its log) is filled with ~1 GB of log (64 KiB jobs, batched, kept in a
 queue of their own). Then, for each round, the 50/50 load -- 50 producer and 50
 worker connections at once, closed loop, 256-byte payloads, one job per request,
-reserve (long poll) + ack -- runs for a fixed time twice, alternating: once
-alone, once with `sepp backup DEST` started after a warm-up. The load generator
+reserve (long poll) + ack -- runs alternating, per backup variant: once alone,
+then once as long with `sepp backup DEST` started after a warm-up (by default
+`sepp backup` at its default pace, and with `--max-rate 0`, as fast as it goes).
+Runs last as long as the backup needs at its pace (at least --seconds): the data
+directory grows with every run, as the load writes log. The load generator
 (pinned to core 1) counts completed operations in 100 ms buckets; throughput is
 compared over the same window, the backup's duration, in both runs:
 
@@ -17,8 +20,9 @@ compared over the same window, the backup's duration, in both runs:
 as it would in production. Each backup writes into a fresh directory on the same
 disk (fsynced). Medians of the rounds.
 
-    python -m benchmarks.bench_backup                  # ~1 GB, 3 rounds of 2 x 20 s
+    python -m benchmarks.bench_backup                  # ~1 GB, 3 rounds (~5 min)
     python -m benchmarks.bench_backup --gib 0.25 --rounds 1 --seconds 10   # quick
+    python -m benchmarks.bench_backup --variants "" "--max-rate 50"
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 from benchmarks.common import fsync_rate, machine_line, median, print_table
 from benchmarks.loadgen import Conn, _job, connect
+from sepp.server.backup_cli import DEFAULT_MAX_RATE_MB
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET_S = 0.1
@@ -196,25 +201,41 @@ def window_rate(load: dict[str, Any], start: float, end: float) -> float:
 # -- the rounds ------------------------------------------------------------------------------
 
 
-def one_round(server: Server, args: argparse.Namespace, work_dir: str, n: int) -> dict[str, Any]:
-    # Without a backup.
-    load = _spawn_child("load", server.port, seconds=args.seconds, connections=args.connections)
-    plain = _child_result(load)
-    # With a backup started after the warm-up.
-    load = _spawn_child("load", server.port, seconds=args.seconds, connections=args.connections)
+def run_seconds(server: Server, args: argparse.Namespace, options: str) -> float:
+    """How long a load run lasts: the warm-up, the backup at its pace (the data
+    directory grows with every run: the load writes log), and a margin."""
+    parts = options.split()
+    rate_mb = DEFAULT_MAX_RATE_MB
+    if "--max-rate" in parts:
+        rate_mb = float(parts[parts.index("--max-rate") + 1])
+    expected = dir_bytes(server.data_dir) / 1e6 / rate_mb if rate_mb else 3.0
+    least: float = args.seconds
+    return float(max(least, args.warmup + 1.2 * expected + 3.0))
+
+
+def backup_run(
+    server: Server,
+    args: argparse.Namespace,
+    options: str,
+    dest: str,
+    plain: dict[str, Any],
+    seconds: float,
+) -> dict[str, Any]:
+    """One load run with `sepp backup OPTIONS` started after the warm-up, against
+    `plain` (a run without, as long) over the same window."""
+    load = _spawn_child("load", server.port, seconds=seconds, connections=args.connections)
     time.sleep(args.warmup)
-    dest = os.path.join(work_dir, f"backup-{n}")
     began = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "sepp.server.cli", "backup", dest, "--admin-addr", server.admin,
-         "--json"],
+         "--json", *options.split()],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     ended = time.time()
     loaded = _child_result(load)
     if done.returncode != 0:
         raise RuntimeError(f"backup failed: {done.stderr}")
-    if ended > loaded["started"] + args.seconds:
+    if ended > loaded["started"] + seconds:
         raise RuntimeError("the backup outlasted the load: raise --seconds")
     result = json.loads(done.stdout)
     shutil.rmtree(dest, ignore_errors=True)
@@ -233,14 +254,35 @@ def one_round(server: Server, args: argparse.Namespace, work_dir: str, n: int) -
     }
 
 
+def _row(label: str, options: str, runs: list[dict[str, Any]]) -> list[object]:
+    def pick(key: str) -> float:
+        return median([r[key] for r in runs])
+
+    return [label, options or f"(default {DEFAULT_MAX_RATE_MB:g} MB/s)", pick("without"),
+            pick("with"),
+            f"{pick('drop'):.1f}", f"{pick('backup_bytes') / 2**30:.2f}",
+            f"{pick('backup_s'):.1f}", pick("backup_mb_s")]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0, help="log to build first (GiB)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=20.0, help="each load run")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="each load run at least (longer as needed)"
+    )
     parser.add_argument("--warmup", type=float, default=2.0, help="load before the backup starts")
     parser.add_argument("--connections", type=int, default=50, help="producers (and workers)")
     parser.add_argument("--mode", default="sync_data", help="the server's persist mode")
+    parser.add_argument(
+        "--dest-dir", help="where the backups go (default: beside the data directory, same disk)"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["", "--max-rate 0"],
+        help='`sepp backup` options of each backup run of a round ("" = none)',
+    )
     parser.add_argument("--child", choices=["fill", "load"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -260,31 +302,36 @@ def main() -> None:
         size = dir_bytes(server.data_dir)
         print(f"data directory: {size / 2**30:.2f} GiB of log built in {time.time() - t0:.1f}s "
               f"(64 KiB jobs); persist mode {args.mode}")  # fmt: skip
-        print(f"load: {args.connections} producers + {args.connections} workers, "
-              f"{args.seconds:.0f}s per run, backup after {args.warmup:.0f}s; "
-              f"rounds alternate without / with")  # fmt: skip
+        print(f"load: {args.connections} producers + {args.connections} workers; backup after "
+              f"{args.warmup:.0f}s; each round, per backup variant: a run without, then one "
+              f"with, as long (long enough for the backup at its pace)")  # fmt: skip
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
         rows = []
-        rounds = []
         for n in range(args.rounds):
-            r = one_round(server, args, work_dir, n)
-            rounds.append(r)
-            rows.append([f"round {n + 1}", r["without"], r["with"], f"{r['drop']:.1f}",
-                         f"{r['backup_bytes'] / 2**30:.2f}", f"{r['backup_s']:.1f}",
-                         r["backup_mb_s"]])  # fmt: skip
-        rows.append(["median", median([r["without"] for r in rounds]),
-                     median([r["with"] for r in rounds]),
-                     f"{median([r['drop'] for r in rounds]):.1f}",
-                     f"{median([r['backup_bytes'] / 2**30 for r in rounds]):.2f}",
-                     f"{median([r['backup_s'] for r in rounds]):.1f}",
-                     median([r["backup_mb_s"] for r in rounds])])  # fmt: skip
+            for k, options in enumerate(args.variants):
+                seconds = run_seconds(server, args, options)
+                plain = _child_result(
+                    _spawn_child("load", server.port, seconds=seconds,
+                                 connections=args.connections)
+                )  # fmt: skip
+                dest = os.path.join(args.dest_dir or work_dir, f"backup-{os.getpid()}-{n}-{k}")
+                r = backup_run(server, args, options, dest, plain, seconds)
+                runs[options].append(r)
+                rows.append(_row(f"round {n + 1}", options, [r]))
+        for options in args.variants:
+            rows.append(_row("median", options, runs[options]))
         print()
         print_table(
-            ["", "jobs/s without", "jobs/s with backup", "drop %", "backup GiB", "backup s",
-             "backup MB/s"],
+            ["", "sepp backup", "jobs/s without", "jobs/s with backup", "drop %", "backup GiB",
+             "backup s", "backup MB/s"],
             rows,
         )  # fmt: skip
-        drop = median([r["drop"] for r in rounds])
-        print(f"\ntarget: drop <= 10 %: {'met' if drop <= 10 else 'NOT met'} ({drop:.1f} %)")
+        print()
+        for options in args.variants:
+            drop = median([r["drop"] for r in runs[options]])
+            verdict = "met" if drop <= 10 else "NOT met"
+            print(f"target drop <= 10 %, sepp backup {options or '(default pace)'}: {verdict} "
+                  f"({drop:.1f} %)")  # fmt: skip
     finally:
         server.stop()
         shutil.rmtree(work_dir, ignore_errors=True)

@@ -52,6 +52,7 @@ from sepp.admin.backup_format import (
     Manifest,
     file_line,
     manifest_line,
+    stream_length,
     trailer_line,
 )
 from sepp.server.service import LogPin, SeppService, StorageFailed
@@ -109,12 +110,13 @@ async def stream_backup(
     durable: Callable[[int], Awaitable[None]],
     write: Callable[[bytes], Awaitable[None]],
     *,
-    started: Callable[[Manifest], Awaitable[None]] | None = None,
+    started: Callable[[Manifest, int], Awaitable[None]] | None = None,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> BackupSummary:
     """Pin (`pin_log`, in a thread), wait until the pinned log is durable, then
-    `write` the whole stream (manifest, files, trailer). `started(manifest)` runs
-    before the first byte (the HTTP front sends its headers there). The pin is
+    `write` the whole stream (manifest, files, trailer). `started(manifest,
+    length)` runs before the first byte, with the stream's length in bytes (the
+    HTTP front sends its headers there). The pin is
     released (`unpin_log`) however it ends. Raises StorageFailed (from
     `durable`), OSError, or what `write` raises."""
     begin = time.monotonic()
@@ -122,14 +124,18 @@ async def stream_backup(
     try:
         await durable(pin.last_seq)
         manifest, paths = await asyncio.to_thread(plan, pin)
+        length = stream_length(manifest)
         if started is not None:
-            await started(manifest)
+            await started(manifest, length)
         await write(manifest_line(manifest))
         crcs: list[int] = []
         for entry, path in zip(manifest.files, paths, strict=True):
             await write(file_line(entry))
             crcs.append(await _send_file(path, entry.size, write, chunk_bytes))
-        await write(trailer_line(manifest, crcs))
+        trailer = trailer_line(manifest, crcs)
+        if len(trailer) != len(trailer_line(manifest, [0] * len(crcs))):  # pragma: no cover
+            raise RuntimeError("the trailer's length differs from the announced one")
+        await write(trailer)
     finally:
         await asyncio.to_thread(unpin_log, pin)
     return BackupSummary(
@@ -183,10 +189,12 @@ def add_backup_routes(app: web.Application, service: SeppService) -> None:
         running.add(task)
         response = web.StreamResponse()
 
-        async def started(manifest: Manifest) -> None:
+        async def started(manifest: Manifest, length: int) -> None:
             response.content_type = CONTENT_TYPE
             response.headers[SEQ_HEADER] = str(manifest.seq)
-            response.enable_chunked_encoding()
+            # A known length, not chunked: aiohttp would copy every chunk to frame
+            # it, and a reader tells a cut stream by the length as well.
+            response.content_length = length
             await response.prepare(request)
 
         try:

@@ -4,7 +4,8 @@ sends and `sepp backup` reads. Sans-I/O: bytes in, events out.
 Owns: the line encoders (`manifest_line`, `file_line`, `trailer_line`), the
 incremental `BackupDecoder` (feed bytes, get events; `finish` at end of stream),
 the typed errors `BackupFormatError` (bytes that are not this format) and
-`BackupCut` (the stream ended before its trailer, or it disagrees with what came).
+`BackupCut` (the stream ended before its trailer, or it disagrees with what came),
+and `stream_length`.
 
 The stream, every line one JSON object ending in "\\n":
 
@@ -17,7 +18,9 @@ The stream, every line one JSON object ending in "\\n":
 
 and nothing after the trailer. B is the last log record the copy holds (durable
 when the backup started), S the snapshot it starts from (0: none, the log starts
-at seq 1), T the sum of the file sizes, C the CRC-32C of each file's bytes. Names
+at seq 1), T the sum of the file sizes, C the CRC-32C of each file's bytes as 8
+hex digits (a fixed width: the stream's length is known before its first byte,
+and the HTTP answer sends it as its Content-Length). Names
 are `snapshots/<snapshot file name>` or `wal/<segment file name>` (log_format's
 names, so no path ever leaves the destination). A reader trusts a copy only once
 the trailer came, agrees with the manifest and every file's size and checksum,
@@ -79,7 +82,7 @@ class FileStart:
 
 @dataclass(frozen=True, slots=True)
 class FileData:
-    data: bytes
+    data: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,12 @@ def file_line(entry: FileEntry) -> bytes:
     return _line({"file": entry.name, "size": entry.size})
 
 
+def crc_text(crc: int) -> str:
+    """A CRC-32C as the trailer writes it: 8 hex digits (a fixed width, so the
+    stream's length is known before the first byte)."""
+    return f"{crc:08x}"
+
+
 def trailer_line(manifest: Manifest, crcs: list[int]) -> bytes:
     return _line(
         {
@@ -143,11 +152,18 @@ def trailer_line(manifest: Manifest, crcs: list[int]) -> bytes:
             "seq": manifest.seq,
             "bytes": manifest.bytes,
             "files": [
-                {"name": f.name, "size": f.size, "crc32c": crc}
+                {"name": f.name, "size": f.size, "crc32c": crc_text(crc)}
                 for f, crc in zip(manifest.files, crcs, strict=True)
             ],
         }
     )
+
+
+def stream_length(manifest: Manifest) -> int:
+    """The whole stream's length in bytes (the HTTP answer's Content-Length)."""
+    length = len(manifest_line(manifest)) + manifest.bytes
+    length += sum(len(file_line(entry)) for entry in manifest.files)
+    return length + len(trailer_line(manifest, [0] * len(manifest.files)))
 
 
 def _int(value: object, what: str) -> int:
@@ -210,20 +226,29 @@ class BackupDecoder:
         self._crcs: list[int] = []
         self.received_bytes = 0  # file bytes so far (for a progress bar)
 
-    def feed(self, data: bytes) -> list[Event]:
-        if self.trailer is not None:
-            if data:
-                raise BackupFormatError("bytes after the trailer")
-            return []
-        self._buffer += data
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Event]:
+        """The events the next bytes complete. A FileData inside `data` is a view
+        of it, not a copy: valid until `data` changes (write it out first)."""
+        view = memoryview(data).cast("B")
         events: list[Event] = []
-        while self.trailer is None:
+        at = 0
+        end = len(view)
+        while True:
+            if self.trailer is not None:
+                if at < end or self._buffer:
+                    raise BackupFormatError("bytes after the trailer")
+                break
             if self._current is not None:
-                if not self._buffer:
+                if self._buffer:  # file bytes that came with a line: a copy
+                    take = min(self._remaining, len(self._buffer))
+                    chunk: bytes | memoryview = bytes(self._buffer[:take])
+                    del self._buffer[:take]
+                elif at < end:  # the common case: a view of the input
+                    take = min(self._remaining, end - at)
+                    chunk = view[at : at + take]
+                    at += take
+                else:
                     break
-                take = min(self._remaining, len(self._buffer))
-                chunk = bytes(self._buffer[:take])
-                del self._buffer[:take]
                 self._crc = crc32c.crc32c(chunk, self._crc)
                 self._remaining -= take
                 self.received_bytes += take
@@ -231,6 +256,10 @@ class BackupDecoder:
                 if self._remaining == 0:
                     events.append(self._end_file())
                 continue
+            # Line mode (once per file): gather the rest of the input.
+            if at < end:
+                self._buffer += view[at:end]
+                at = end
             newline = self._buffer.find(b"\n")
             if newline < 0:
                 if len(self._buffer) > LINE_BYTES_MAX:
@@ -242,8 +271,6 @@ class BackupDecoder:
             events.append(event)
             if type(event) is FileStart and event.size == 0:
                 events.append(self._end_file())
-        if self.trailer is not None and self._buffer:
-            raise BackupFormatError("bytes after the trailer")
         return events
 
     def _end_file(self) -> FileEnd:
@@ -287,9 +314,9 @@ class BackupDecoder:
                 entry.size,
             ):
                 raise BackupCut(f"the trailer's entry {item!r} disagrees with {entry}")
-            if item.get("crc32c") != crc:
+            if item.get("crc32c") != crc_text(crc):
                 raise BackupCut(
-                    f"{entry.name}: checksum {crc:#010x} received, the server sent "
+                    f"{entry.name}: checksum {crc_text(crc)} received, the server sent "
                     f"{item.get('crc32c')!r}"
                 )
         self.trailer = Trailer(manifest.seq, manifest.bytes)

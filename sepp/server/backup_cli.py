@@ -1,7 +1,8 @@
 """`sepp backup DEST`: a consistent copy of a running server's data directory,
 through its admin API (`POST /admin/api/v1/backup`, sepp/admin/backup.py).
 
-    sepp backup DEST [--admin-addr URL] [--admin-key-file FILE] [--tls-ca FILE] [--json]
+    sepp backup DEST [--admin-addr URL] [--admin-key-file FILE] [--tls-ca FILE]
+                     [--max-rate MB_PER_S] [--json]
 
 Owns: the command (`add_backup_command`, `run_backup`) and writing the stream of
 sepp/admin/backup_format.py into DEST.
@@ -18,6 +19,8 @@ Promises:
   written is removed (DEST is left as it was found, or removed if created here).
   If `sepp backup` itself is killed, the marker stays: such a DEST is not a
   backup (delete it and run the backup again).
+- The copy is paced to --max-rate MB/s (default DEFAULT_MAX_RATE_MB; 0: no
+  limit): the server sends only as fast as it is read, so its cost is spread.
 - A progress bar (bytes, percent, rate) goes to stderr when it is a terminal.
   The result goes to stdout: one line, or a JSON object with --json.
 
@@ -68,6 +71,12 @@ SYNC_EVERY_BYTES = 8 * 1024 * 1024
 # The progress bar redraws at most this often.
 PROGRESS_EVERY_S = 0.2
 MIB = 1024 * 1024
+# The copy's default pace, MB (10^6 bytes) per second. A backup as fast as it
+# goes costs the server about a second of its request throughput per GB read and
+# sent (benchmarks/bench_backup.py: a 25-30 % drop over the copy's few seconds);
+# paced, the same cost is spread thin (50 MB/s: a few %). Elasticsearch's
+# snapshots default to 40 MB/s for the same reason. `--max-rate 0`: no limit.
+DEFAULT_MAX_RATE_MB = 50.0
 
 
 class BackupFailed(Exception):
@@ -112,6 +121,14 @@ def add_backup_command(sub: Any) -> None:
         "$SEPP_ADMIN_KEY_FILE; none: a loopback listener without admin keys)",
     )
     parser.add_argument("--tls-ca", metavar="FILE", help="verify an https:// listener with it")
+    parser.add_argument(
+        "--max-rate",
+        type=_rate,
+        default=DEFAULT_MAX_RATE_MB,
+        metavar="MB_PER_S",
+        help=f"copy at most this many MB (10^6 bytes) per second (default {DEFAULT_MAX_RATE_MB:g}; "
+        "0 = as fast as it goes)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=_main)
 
@@ -125,6 +142,7 @@ def _main(args: argparse.Namespace) -> int:
             key_file=args.admin_key_file,
             tls_ca=args.tls_ca,
             progress=progress,
+            max_rate_mb=args.max_rate,
         )
     except BackupFailed as exc:
         print(f"sepp backup: {exc}", file=sys.stderr)
@@ -138,6 +156,17 @@ def _main(args: argparse.Namespace) -> int:
             f"{result.dest}"
         )
     return 0
+
+
+def _rate(text: str) -> float | None:
+    """--max-rate: MB/s above 0, or 0 for no limit (None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 (no limit) or above")
+    return value or None
 
 
 def _as_dict(result: BackupResult) -> dict[str, object]:
@@ -245,7 +274,7 @@ class _Writer:
             self.dirs.add(directory)
         self.fd = private_opener(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         fd = self.fd
         assert fd is not None
         view = memoryview(data)
@@ -278,14 +307,23 @@ class _Writer:
 
 
 def _receive(
-    response: http.client.HTTPResponse, writer: _Writer, progress: _Progress
+    response: http.client.HTTPResponse,
+    writer: _Writer,
+    progress: _Progress,
+    max_rate_bytes: float | None = None,
 ) -> tuple[Manifest, Trailer]:
     decoder = BackupDecoder()
+    # One buffer for the whole copy: the file bytes go from it to the files
+    # without a copy (a fresh megabyte per read costs page faults, measured at
+    # about half of the command's CPU time).
+    buffer = memoryview(bytearray(READ_BYTES))
+    began = time.monotonic()
     while True:
         try:
-            data = response.read1(READ_BYTES)
-        except (http.client.IncompleteRead, OSError, http.client.HTTPException) as exc:
+            size = response.readinto(buffer)
+        except (OSError, http.client.HTTPException) as exc:
             raise BackupCut(f"the connection broke: {exc!r}") from exc
+        data = buffer[:size]
         for event in decoder.feed(data):
             if type(event) is FileData:
                 writer.write(event.data)
@@ -296,7 +334,13 @@ def _receive(
             elif type(event) is Manifest:
                 progress.total = event.bytes
         progress.show(decoder.received_bytes)
-        if not data:
+        if max_rate_bytes is not None:
+            # --max-rate: the server waits for us (flow control), so pacing the
+            # reads paces its disk reads and CPU as well.
+            ahead = decoder.received_bytes / max_rate_bytes - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
+        if not size:
             trailer = decoder.finish()
             manifest = decoder.manifest
             assert manifest is not None
@@ -320,8 +364,10 @@ def run_backup(
     key_file: str | None = None,
     tls_ca: str | None = None,
     progress: IO[str] | None = None,
+    max_rate_mb: float | None = None,
 ) -> BackupResult:
-    """Copy the server's data directory into `dest`. Raises BackupFailed."""
+    """Copy the server's data directory into `dest`, at most `max_rate_mb` MB per
+    second (None: no limit). Raises BackupFailed."""
     headers = {"Accept": CONTENT_TYPE}
     if key_file is not None:
         headers["Authorization"] = f"Bearer {_read_key(key_file)}"
@@ -352,7 +398,8 @@ def run_backup(
                 f"the server refused the backup ({response.status}): {_error_message(response)}"
             )
         try:
-            manifest, _trailer = _receive(response, writer, _Progress(progress))
+            rate = None if max_rate_mb is None else max_rate_mb * 1e6
+            manifest, _trailer = _receive(response, writer, _Progress(progress), rate)
         except (BackupCut, BackupFormatError) as exc:
             raise BackupFailed(f"the backup is incomplete, nothing kept: {exc}") from None
         except OSError as exc:

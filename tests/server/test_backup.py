@@ -9,6 +9,7 @@ against real `sepp serve` processes on 127.0.0.1:0, stopped by PID.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import json
@@ -39,7 +40,7 @@ from sepp.admin.backup_format import (
     manifest_line,
     trailer_line,
 )
-from sepp.server.backup_cli import INCOMPLETE_MARKER, _Progress
+from sepp.server.backup_cli import INCOMPLETE_MARKER, _Progress, _rate
 from sepp.storage import Engine
 from tests.server.conftest import connect, job
 from tests.storage.helpers import CONFIG, enqueue_one, inline_options
@@ -509,3 +510,14 @@ def test_the_progress_bar_shows_bytes_percent_and_rate():
     assert line.endswith("\n")
     quiet = _Progress(None)
     quiet.show(1, final=True)  # no terminal: nothing to draw, nothing raised
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("50", 50.0), ("0.5", 0.5), ("0", None), ("-1", "error"), ("x", "error")]
+)
+def test_max_rate_is_a_pace_in_mb_per_second_and_0_means_no_limit(text: str, expected: Any):
+    if expected == "error":
+        with pytest.raises(argparse.ArgumentTypeError):
+            _rate(text)
+    else:
+        assert _rate(text) == expected
