@@ -521,3 +521,30 @@ def test_max_rate_is_a_pace_in_mb_per_second_and_0_means_no_limit(text: str, exp
             _rate(text)
     else:
         assert _rate(text) == expected
+
+
+async def test_a_server_killed_mid_backup_leaves_no_copy_and_a_non_zero_exit(
+    server_factory: Any, tmp_path: Path
+):
+    server = server_factory(args=["--admin-listen", "127.0.0.1:0"])
+    url = admin_url_of(server)
+    client = await connect(server.address)
+    big = {"data": os.urandom(512 * 1024), "encoding": "application/octet-stream"}
+    for _ in range(4):  # 16 MiB of log; copied at 1 MB/s it takes 16 s
+        await client.enqueue_ids(*(job("q", payload=big) for _ in range(8)))
+    dest = tmp_path / "copy"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEPP_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sepp.server.cli", "backup", str(dest), "--admin-addr", url,
+        "--max-rate", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not any((dest / "wal").glob("*.log")):  # the copy is under way
+        assert time.monotonic() < deadline and proc.returncode is None, "no copy started"
+        await asyncio.sleep(0.01)
+    assert (dest / INCOMPLETE_MARKER).exists()
+    server.kill()
+    _out, err = await proc.communicate()
+    assert proc.returncode == 1, err
+    assert b"incomplete" in err
+    assert not dest.exists()
