@@ -40,6 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # isort: skip
 from sepp.core.commands import RETRY_DEAD_LETTER, RETRY_DEFAULT, RETRY_DELAY, Extend, Nack
 from sepp.core.decide import Decision
 from sepp.core.results import (
+    AckResult,
     AttemptMismatch,
     CommandError,
     DrainResult,
@@ -348,8 +349,11 @@ class QueueServiceFront:
             request.worker_id if request.HasField("worker_id") else None,
         )
         await service.durable(barrier)
-        _decided(decision)
-        return pb.AckResponse(job_id=request.job_id)
+        reply = _decided(decision).reply
+        assert isinstance(reply, AckResult)
+        # The id as the server keeps it (canonical lowercase; ids compare
+        # case-insensitively).
+        return pb.AckResponse(job_id=reply.job_id)
 
     async def nack(
         self, request: pb.NackRequest, context: grpc.aio.ServicerContext

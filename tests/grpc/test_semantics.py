@@ -279,3 +279,15 @@ async def test_a_job_enqueued_natively_is_acked_over_grpc_and_the_reverse():
             await native.close()
         stats = server.service.queue_stats(["cross"])[1][0]
     assert (stats.ready, stats.in_flight) == (0, 0)
+
+
+async def test_job_ids_compare_case_insensitively_and_come_back_canonical():
+    async with grpc_server() as server, stub_for(grpc_address(server)) as stub:
+        job_id = await enqueue_one(stub, job("q"))
+        [delivered] = await reserve(stub, "q")
+        extended = await stub.Extend(
+            pb.ExtendRequest(job_id=job_id.upper(), attempt=1, lease_duration=lease(30))
+        )
+        acked = await stub.Ack(pb.AckRequest(job_id=job_id.upper(), attempt=1))
+    assert delivered.id == job_id == job_id.lower()
+    assert extended.job_id == acked.job_id == job_id
