@@ -17,7 +17,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sepp.client import EnqueueRequest, ReserveOptions, SeppClient
-from sepp.grpc.front import CLIENT_RECEIVE_BYTES_DEFAULT
+from sepp.grpc.front import CLIENT_RECEIVE_BYTES_DEFAULT, QueueServiceFront
 from sepp.grpc.v1 import queue_pb2 as pb
 from tests.grpc.conftest import (
     enqueue_one,
@@ -291,3 +291,32 @@ async def test_job_ids_compare_case_insensitively_and_come_back_canonical():
         acked = await stub.Ack(pb.AckRequest(job_id=job_id.upper(), attempt=1))
     assert delivered.id == job_id == job_id.lower()
     assert extended.job_id == acked.job_id == job_id
+
+
+class _EndedCall:
+    """A ServicerContext whose call has ended (the client cancelled it, or its
+    deadline passed) by the time the reserve's jobs are durable."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def cancelled(self) -> bool:
+        return True
+
+
+async def test_jobs_leased_for_a_call_that_ended_meanwhile_are_released_uncounted():
+    async with grpc_server() as server, stub_for(grpc_address(server)) as stub:
+        job_id = await enqueue_one(stub, job("q"))
+        front = QueueServiceFront(server.service)
+        request = pb.ReserveRequest(queues=["q"], lease_duration=lease())
+        answer = await front.reserve(request, _EndedCall())
+        assert list(answer.jobs) == []
+
+        def released():
+            stats = server.service.queue_stats(["q"])[1][0]
+            return (stats.ready, stats.in_flight) == (1, 0)
+
+        await wait_until(released, what="the release")
+        [delivered] = await reserve(stub, "q")
+    # Ready again at once, and the attempt nobody made is not counted.
+    assert (delivered.id, delivered.attempt) == (job_id, 1)
