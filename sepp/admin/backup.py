@@ -25,7 +25,8 @@ executor, CHUNK_BYTES at a time, and the response's flow control paces the
 reading (a slow reader holds one chunk in memory, not the copy). At most
 BACKUPS_RUNNING_MAX backups run at once (another is answered 409). A failure
 after the stream started is logged and the connection closed without a trailer,
-which `sepp backup` reports as a cut stream.
+which `sepp backup` reports as a cut stream; so is a shutdown (the app's
+on_shutdown cuts running backups: the listener's cleanup never waits for one).
 
 Must not import: sepp.server.server (the service is the seam).
 """
@@ -176,6 +177,7 @@ def add_backup_routes(app: web.Application, service: SeppService) -> None:
     auth.py's middleware, which authenticates: 401; the role is checked here:
     403 below admin)."""
     running: set[asyncio.Task[object] | None] = set()
+    stopping: list[bool] = []
 
     async def backup(request: web.Request) -> web.StreamResponse:
         require(request, "backup")
@@ -214,7 +216,10 @@ def add_backup_routes(app: web.Application, service: SeppService) -> None:
                 raise
             # Headers are out: the only way left to say "failed" is to close the
             # connection before the trailer (the CLI reports a cut stream).
-            log.error("backup failed mid-stream, connection closed: %r", exc)
+            if stopping:
+                log.warning("backup cut: the server is shutting down")
+            else:
+                log.error("backup failed mid-stream, connection closed: %r", exc)
             if request.transport is not None:
                 request.transport.close()
             raise
@@ -231,4 +236,13 @@ def add_backup_routes(app: web.Application, service: SeppService) -> None:
         )
         return response
 
+    async def on_shutdown(app: web.Application) -> None:
+        # The listener's cleanup waits for running handlers (up to a minute): a
+        # backup is cut instead, so shutdown never waits for a copy.
+        stopping.append(True)
+        for task in list(running):
+            if task is not None:
+                task.cancel()
+
     app.router.add_post(BACKUP_PATH, backup)
+    app.on_shutdown.append(on_shutdown)

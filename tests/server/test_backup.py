@@ -523,9 +523,12 @@ def test_max_rate_is_a_pace_in_mb_per_second_and_0_means_no_limit(text: str, exp
         assert _rate(text) == expected
 
 
-async def test_a_server_killed_mid_backup_leaves_no_copy_and_a_non_zero_exit(
-    server_factory: Any, tmp_path: Path
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+async def test_a_server_stopped_mid_backup_leaves_no_copy_and_a_non_zero_exit(
+    server_factory: Any, tmp_path: Path, stop: str
 ):
+    """SIGKILL: the connection breaks. SIGTERM: shutdown cuts the backup at once
+    (the listener's cleanup would otherwise wait a minute for it) and exits 0."""
     server = server_factory(args=["--admin-listen", "127.0.0.1:0"])
     url = admin_url_of(server)
     client = await connect(server.address)
@@ -543,7 +546,10 @@ async def test_a_server_killed_mid_backup_leaves_no_copy_and_a_non_zero_exit(
         assert time.monotonic() < deadline and proc.returncode is None, "no copy started"
         await asyncio.sleep(0.01)
     assert (dest / INCOMPLETE_MARKER).exists()
-    server.kill()
+    if stop == "SIGKILL":
+        server.kill()
+    else:
+        assert await asyncio.to_thread(server.stop) == 0
     _out, err = await proc.communicate()
     assert proc.returncode == 1, err
     assert b"incomplete" in err
