@@ -25,7 +25,8 @@ Promises:
   The result goes to stdout: one line, or a JSON object with --json.
 
 Exit codes: 0 complete; 1 refused by the server, unreachable, cut or unwritable;
-2 an argument the command cannot use (a non-empty DEST, an unreadable key file).
+2 an argument the command cannot use (a non-empty DEST, an unreadable key file);
+130 interrupted (Ctrl-C; what was written is removed).
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ def _main(args: argparse.Namespace) -> int:
     except BackupFailed as exc:
         print(f"sepp backup: {exc}", file=sys.stderr)
         return exc.code
+    except KeyboardInterrupt:  # run_backup removed what it wrote on the way out
+        print("sepp backup: interrupted, nothing kept", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(_as_dict(result)))
     else:

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -523,12 +524,13 @@ def test_max_rate_is_a_pace_in_mb_per_second_and_0_means_no_limit(text: str, exp
         assert _rate(text) == expected
 
 
-@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
-async def test_a_server_stopped_mid_backup_leaves_no_copy_and_a_non_zero_exit(
-    server_factory: Any, tmp_path: Path, stop: str
+@pytest.mark.parametrize(("stop", "exit_code"), [("SIGKILL", 1), ("SIGTERM", 1), ("Ctrl-C", 130)])
+async def test_a_backup_stopped_midway_leaves_no_copy_and_a_non_zero_exit(
+    server_factory: Any, tmp_path: Path, stop: str, exit_code: int
 ):
-    """SIGKILL: the connection breaks. SIGTERM: shutdown cuts the backup at once
-    (the listener's cleanup would otherwise wait a minute for it) and exits 0."""
+    """The server killed: the connection breaks. The server stopped: shutdown cuts
+    the backup at once (the listener's cleanup would otherwise wait a minute for
+    it) and exits 0. `sepp backup` interrupted: it removes what it wrote."""
     server = server_factory(args=["--admin-listen", "127.0.0.1:0"])
     url = admin_url_of(server)
     client = await connect(server.address)
@@ -548,9 +550,13 @@ async def test_a_server_stopped_mid_backup_leaves_no_copy_and_a_non_zero_exit(
     assert (dest / INCOMPLETE_MARKER).exists()
     if stop == "SIGKILL":
         server.kill()
-    else:
+    elif stop == "SIGTERM":
         assert await asyncio.to_thread(server.stop) == 0
+    else:
+        proc.send_signal(signal.SIGINT)
     _out, err = await proc.communicate()
-    assert proc.returncode == 1, err
-    assert b"incomplete" in err
+    assert proc.returncode == exit_code, err
+    assert (b"interrupted" if stop == "Ctrl-C" else b"incomplete") in err
     assert not dest.exists()
+    if stop == "Ctrl-C":  # the server is left serving, the backup's pin released
+        assert await asyncio.to_thread(server.stop) == 0
