@@ -422,20 +422,31 @@ class Model:
 
     # -- ack, nack, extend ------------------------------------------------------
 
-    def _fence(self, job_id: object, attempt: object) -> MJob | tuple[Any, ...]:
+    def _fence(
+        self, job_id: object, attempt: object, enqueued_at: object = None
+    ) -> MJob | tuple[Any, ...]:
+        """§7 fencing by (job_id, attempt), plus the project's token: an ack, nack
+        or extend may carry the enqueued_at its delivery carried; a different one
+        (the job was requeued since) is fenced like a stale attempt."""
         jid = canonical_id(job_id)
         if jid is None or not is_int(attempt) or attempt < 1:  # type: ignore[operator]
+            return self._error(IA)
+        if enqueued_at is not None and not is_int(enqueued_at):
             return self._error(IA)
         job = self.jobs.get(jid)
         if job is None or job.status != IN_FLIGHT:
             return self._error(NOT_FOUND)
         if job.attempt != attempt:
             return self._error(MISMATCH)
+        if enqueued_at is not None and job.enqueued_at != enqueued_at:
+            return self._error(MISMATCH)
         return job
 
-    def ack(self, job_id: str, attempt: int, now: int) -> tuple[Any, ...]:
+    def ack(
+        self, job_id: str, attempt: int, now: int, enqueued_at: int | None = None
+    ) -> tuple[Any, ...]:
         self._start(now)
-        job = self._fence(job_id, attempt)
+        job = self._fence(job_id, attempt, enqueued_at)
         if not isinstance(job, MJob):
             return job
         self._commit_time()
@@ -450,13 +461,14 @@ class Model:
         delay_ms: int | None,
         reason: str | None,
         now: int,
+        enqueued_at: int | None = None,
     ) -> tuple[Any, ...]:
         t = self._start(now)
         if retry not in ("default", "delay", "dead_letter"):
             return self._error(IA)
         if retry == "delay" and (delay_ms is None or delay_ms < 0):
             return self._error(IA)
-        job = self._fence(job_id, attempt)
+        job = self._fence(job_id, attempt, enqueued_at)
         if not isinstance(job, MJob):
             return job
         self._commit_time()
@@ -491,11 +503,13 @@ class Model:
         self._make_ready(job)
         return ("release", job.job_id)
 
-    def extend(self, job_id: str, attempt: int, lease_ms: int, now: int) -> tuple[Any, ...]:
+    def extend(
+        self, job_id: str, attempt: int, lease_ms: int, now: int, enqueued_at: int | None = None
+    ) -> tuple[Any, ...]:
         t = self._start(now)
         if lease_ms <= 0:
             return self._error(IA)
-        job = self._fence(job_id, attempt)
+        job = self._fence(job_id, attempt, enqueued_at)
         if not isinstance(job, MJob):
             return job
         self._commit_time()
@@ -659,7 +673,8 @@ class Model:
     def _requeue_dead(self, record: MDeadLetter, t: int) -> None:
         job = record.job
         job.attempt = 1
-        job.enqueued_at = t
+        # Now, but always later than before: the fencing token changes.
+        job.enqueued_at = max(t, job.enqueued_at + 1)
         job.arrival = self._arrive()
         job.scheduled_at = None
         job.last_reason = None

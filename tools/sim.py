@@ -266,6 +266,23 @@ class Workload:
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
+        # The enqueued_at of each job's first delivery seen here: after an
+        # operator requeue it is the token of a lease from before the requeue.
+        self.first_tokens: dict[str, int] = {}
+
+    def token(self, job_id: str, current: int) -> int | None:
+        """The fencing token an ack, nack or extend carries: none (an old
+        client), the delivery's, or a stale one — mostly the one from before a
+        requeue of the job, when there was one."""
+        first = self.first_tokens.setdefault(job_id, current)
+        r = self.rng.random()
+        if r < 0.25:
+            return None
+        if first != current and r < 0.55:
+            return first
+        if r < 0.3:
+            return current - 1
+        return current
 
     def job_id(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -319,11 +336,12 @@ class Workload:
             current = model.jobs[job_id].attempt
             attempt = current if rng.random() < 0.93 else rng.choice((current - 1, current + 1))
             attempt = max(attempt, 1)
+            token = self.token(job_id, model.jobs[job_id].enqueued_at)
             kind = rng.random()
             if kind < 0.45:
                 return (
-                    Ack(job_id=job_id, attempt=attempt),
-                    lambda m: m.ack(job_id, attempt, now),
+                    Ack(job_id=job_id, attempt=attempt, enqueued_at=token),
+                    lambda m: m.ack(job_id, attempt, now, token),
                 )
             if kind < 0.85:
                 retry = rng.choice((RETRY_DEFAULT, RETRY_DELAY, RETRY_DEAD_LETTER))
@@ -331,9 +349,14 @@ class Workload:
                 reason = rng.choice((None, "boom"))
                 return (
                     Nack(
-                        job_id=job_id, attempt=attempt, retry=retry, delay_ms=delay, reason=reason
+                        job_id=job_id,
+                        attempt=attempt,
+                        retry=retry,
+                        delay_ms=delay,
+                        reason=reason,
+                        enqueued_at=token,
                     ),
-                    lambda m: m.nack(job_id, attempt, retry, delay, reason, now),
+                    lambda m: m.nack(job_id, attempt, retry, delay, reason, now, token),
                 )
             if kind < 0.93:
                 # An attempt handed back unused (an abandoned reserve's job).
@@ -343,8 +366,8 @@ class Workload:
                 )
             lease_ms = rng.choice((200, 1_500))
             return (
-                Extend(job_id=job_id, attempt=attempt, lease_ms=lease_ms),
-                lambda m: m.extend(job_id, attempt, lease_ms, now),
+                Extend(job_id=job_id, attempt=attempt, lease_ms=lease_ms, enqueued_at=token),
+                lambda m: m.extend(job_id, attempt, lease_ms, now, token),
             )
         if r < 0.88:
             return Sweep(), lambda m: m.sweep(now)

@@ -91,6 +91,8 @@ from sepp.client.types import (
 from sepp.protocol import OK, PROTOCOL_VERSION, Response
 from sepp.protocol import messages as _messages
 from sepp.protocol.messages import (
+    INT64_MAX,
+    INT64_MIN,
     OP_ACK,
     OP_DRAIN_DEAD_LETTERS,
     OP_ENQUEUE,
@@ -181,7 +183,10 @@ RetryDirective.DEAD_LETTER = RetryDirective.dead_letter()
 
 class Lease:
     """The lease of one reserved job, kept in its `JobCtx`; renews it. Not built
-    by hand."""
+    by hand. `enqueued_at_ms` is the job's enqueued_at as the delivery carried
+    it: with the attempt it fences this lease's ack, nack and extend
+    (PROTOCOL.md §5.3), so they cannot settle a later delivery of the job after
+    an operator requeue (which restarts the attempt at 1)."""
 
     def __init__(
         self,
@@ -190,12 +195,18 @@ class Lease:
         attempt: int,
         lease_expires_at: datetime,
         worker_id: str | None,
+        enqueued_at_ms: int,
     ) -> None:
         self._client = client
         self._job_id = job_id
         self._attempt = attempt
         self._worker_id = worker_id
+        self._enqueued_at_ms = enqueued_at_ms
         self._known_expiry_ms = _convert.datetime_to_ms(lease_expires_at)
+
+    @property
+    def enqueued_at_ms(self) -> int:
+        return self._enqueued_at_ms
 
     @property
     def worker_id(self) -> str | None:
@@ -207,7 +218,9 @@ class Lease:
         return self._known_expiry_ms
 
     async def extend(self, by: timedelta) -> datetime:
-        expiry = await self._client._extend_inner(self._job_id, self._attempt, by, self._worker_id)
+        expiry = await self._client._extend_inner(
+            self._job_id, self._attempt, by, self._worker_id, self._enqueued_at_ms
+        )
         self._known_expiry_ms = _convert.datetime_to_ms(expiry)
         return expiry
 
@@ -907,8 +920,8 @@ class SeppClient:
         if not isinstance(raw_jobs, list):
             raise MalformedResponseError("a reserve answer needs a 'jobs' array")
 
-        def make_lease(job_id: str, attempt: int, expires_at: datetime) -> Lease:
-            return Lease(self, job_id, attempt, expires_at, opts.worker_id)
+        def make_lease(job_id: str, attempt: int, expires_at: datetime, enqueued_ms: int) -> Lease:
+            return Lease(self, job_id, attempt, expires_at, opts.worker_id, enqueued_ms)
 
         jobs: list[Job] = []
         undecodable: list[UndecodableJob] = []
@@ -975,11 +988,15 @@ class SeppClient:
         """
         if not isinstance(ctx, JobCtx):
             raise TypeError(f"release takes a JobCtx (job.ctx); got {type(ctx).__name__}")
+        body = self._lease_body(ctx)
+        body.pop("enqueued_at_ms", None)  # a release is fenced by its attempt (§5.11)
         with _otel.client_span("sepp.release"):
-            await self._call(OP_RELEASE, self._lease_body(ctx), retry_safe=True)
+            await self._call(OP_RELEASE, body, retry_safe=True)
 
     @staticmethod
     def _lease_body(ctx: JobCtx | UndecodableJob) -> dict[str, Any]:
+        """The fence of an ack / nack / extend: id, attempt and the delivery's
+        enqueued_at_ms (PROTOCOL.md §5.3), plus the worker id."""
         if isinstance(ctx, UndecodableJob):
             if ctx.id is None or ctx.attempt is None:
                 raise ValueError(
@@ -987,13 +1004,27 @@ class SeppClient:
                     "acked or nacked (its lease will expire)"
                 )
             body: dict[str, Any] = {"job_id": ctx.id, "attempt": ctx.attempt}
+            raw = ctx.raw
+            token = raw.get("enqueued_at_ms") if isinstance(raw, dict) else None
+            if type(token) is int and INT64_MIN <= token <= INT64_MAX:
+                body["enqueued_at_ms"] = token
             if ctx.worker_id is not None:
                 body["worker_id"] = ctx.worker_id
             return body
+        lease = ctx._lease
+        if lease is not None:
+            body = {
+                "job_id": ctx.id,
+                "attempt": ctx.attempt,
+                "enqueued_at_ms": lease._enqueued_at_ms,
+            }
+            if lease._worker_id is not None:
+                body["worker_id"] = lease._worker_id
+            return body
+        # A JobCtx built by hand (no lease): its enqueued_at is the token.
         body = {"job_id": ctx.id, "attempt": ctx.attempt}
-        worker_id = ctx._lease.worker_id if ctx._lease is not None else None
-        if worker_id is not None:
-            body["worker_id"] = worker_id
+        if isinstance(ctx.enqueued_at, datetime):
+            body["enqueued_at_ms"] = _convert.datetime_to_ms(ctx.enqueued_at)
         return body
 
     async def ack(self, ctx: JobCtx | UndecodableJob) -> None:
@@ -1075,29 +1106,50 @@ class SeppClient:
                 "extension must be a datetime.timedelta, e.g. timedelta(seconds=30); "
                 f"got {type(extension).__name__} {extension!r:.80}"
             )
-        worker_id = ctx._lease.worker_id if ctx._lease is not None else None
-        expiry = await self._extend_inner(ctx.id, ctx.attempt, extension, worker_id)
+        worker_id, token = self._lease_fence(ctx)
+        expiry = await self._extend_inner(ctx.id, ctx.attempt, extension, worker_id, token)
         if ctx._lease is not None:
             ctx._lease._known_expiry_ms = _convert.datetime_to_ms(expiry)
         return expiry
 
+    @staticmethod
+    def _lease_fence(ctx: JobCtx) -> tuple[str | None, int | None]:
+        """The worker id and fencing token (enqueued_at_ms) `ctx`'s calls carry."""
+        lease = ctx._lease
+        if lease is not None:
+            return lease._worker_id, lease._enqueued_at_ms
+        if isinstance(ctx.enqueued_at, datetime):
+            return None, _convert.datetime_to_ms(ctx.enqueued_at)
+        return None, None
+
     async def _extend_inner(
-        self, job_id: str, attempt: int, extension: timedelta, worker_id: str | None
+        self,
+        job_id: str,
+        attempt: int,
+        extension: timedelta,
+        worker_id: str | None,
+        enqueued_at_ms: int | None,
     ) -> datetime:
-        body = self._extend_body(job_id, attempt, extension, worker_id)
+        body = self._extend_body(job_id, attempt, extension, worker_id, enqueued_at_ms)
         with _otel.client_span("sepp.extend"):
             answer = await self._settle(OP_EXTEND, body)
         return self._extend_answer(answer)
 
     @staticmethod
     def _extend_body(
-        job_id: str, attempt: int, extension: timedelta, worker_id: str | None
+        job_id: str,
+        attempt: int,
+        extension: timedelta,
+        worker_id: str | None,
+        enqueued_at_ms: int | None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "job_id": job_id,
             "attempt": attempt,
             "lease_ms": _convert.timedelta_to_ms(extension, round_up=True),
         }
+        if enqueued_at_ms is not None:
+            body["enqueued_at_ms"] = enqueued_at_ms
         if worker_id is not None:
             body["worker_id"] = worker_id
         return body

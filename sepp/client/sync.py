@@ -367,9 +367,8 @@ class SyncSeppClient:
         client = self._client
         if isinstance(extension, timedelta) and isinstance(ctx, JobCtx):
             lease = ctx._lease
-            body = SeppClient._extend_body(
-                ctx.id, ctx.attempt, extension, lease.worker_id if lease is not None else None
-            )
+            worker_id, token = SeppClient._lease_fence(ctx)
+            body = SeppClient._extend_body(ctx.id, ctx.attempt, extension, worker_id, token)
             outcome = self._hot(client._settle_nowait, OP_EXTEND, body)
             if outcome is not None:
                 expiry = SeppClient._extend_answer(outcome[1])

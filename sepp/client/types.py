@@ -277,8 +277,9 @@ class JobCtx:
     """Everything about a reserved job but its payload, and the handle of its
     lease.
 
-    Pass it back to `ack`, `nack` and `extend`: its `attempt` fences those
-    calls against a lease that has since been reassigned. `lease_expires_at`
+    Pass it back to `ack`, `nack` and `extend`: its `attempt` and
+    `enqueued_at` (as delivered; an operator requeue moves it) fence those calls
+    against a lease that has since been reassigned. `lease_expires_at`
     is the real deadline, after the server clamped the requested lease.
     """
 

@@ -91,14 +91,25 @@ class Reserve(_ReserveFields):
         return self.KIND
 
 
+# The fencing token of the worker's commands: `enqueued_at` is the job's
+# enqueued_at (ms) as the delivery carried it, optional. The attempt alone does
+# not tell deliveries apart after an operator requeue (attempt back to 1), and
+# the requeue always moves enqueued_at forward: a holder of a lease from before
+# the requeue sends the old value and is fenced (AttemptMismatch). None keeps the
+# attempt-only fence (clients that do not send it). Never logged: the log holds
+# events only (FORMAT.md section 6), so adding it changed no format.
+
+
 class _AckFields(NamedTuple):
     job_id: str
     attempt: int
     worker_id: str | None = None
+    enqueued_at: int | None = None
 
 
 class Ack(_AckFields):
-    """The in-flight attempt succeeded."""
+    """The in-flight attempt succeeded. Fenced by `attempt` and, when given,
+    `enqueued_at` (see above)."""
 
     __slots__ = ()
     KIND: ClassVar[int] = 4
@@ -115,6 +126,7 @@ class _NackFields(NamedTuple):
     delay_ms: int | None = None
     reason: str | None = None
     worker_id: str | None = None
+    enqueued_at: int | None = None
 
 
 class Nack(_NackFields):
@@ -134,6 +146,7 @@ class _ExtendFields(NamedTuple):
     attempt: int
     lease_ms: int
     worker_id: str | None = None
+    enqueued_at: int | None = None
 
 
 class Extend(_ExtendFields):

@@ -285,10 +285,21 @@ def _optional_reason(reason: object, max_bytes: int) -> str | None:
     return _too_long("reason", reason, max_bytes, "max_reason_bytes")
 
 
-def _fence(state: State, job_id: object, attempt: object) -> Job | CommandError:
-    """The in-flight job a worker may act on, or the fencing error."""
+def _fence(
+    state: State, job_id: object, attempt: object, enqueued_at: object = None
+) -> Job | CommandError:
+    """The in-flight job a worker may act on, or the fencing error.
+
+    The fence is (job_id, attempt) and, when the command carries it, the job's
+    `enqueued_at` as its delivery carried it: an operator requeue restarts the
+    attempt at 1 but always moves enqueued_at forward (`_requeued_at`), so a
+    holder of a lease from before the requeue is refused like a stale attempt
+    instead of settling the new delivery. Without it (clients that do not send
+    it) a requeued job's attempt 1 cannot be told from an older attempt 1."""
     if not _is_int(attempt) or attempt < 1:
         return InvalidArgument("attempt must be an integer >= 1")
+    if enqueued_at is not None and not _is_int(enqueued_at):
+        return InvalidArgument("enqueued_at must be an integer (ms) when given")
     # A live job's id is a key of state.jobs in canonical form: a hit needs no
     # format check (the usual ack, nack or extend).
     jid = job_id if type(job_id) is str else None
@@ -306,7 +317,20 @@ def _fence(state: State, job_id: object, attempt: object) -> Job | CommandError:
             "the lease was reassigned",
             job.attempt,
         )
+    if enqueued_at is not None and job.enqueued_at != enqueued_at:
+        return AttemptMismatch(
+            f"job {jid} is in flight under a delivery enqueued at {job.enqueued_at}, "
+            f"not {enqueued_at}: it was requeued and the lease reassigned",
+            job.attempt,
+        )
     return job
+
+
+def _requeued_at(job: Job, now: int) -> int:
+    """The enqueued_at an operator requeue gives `job`: now, but always after
+    the old one, so the fencing token of its deliveries changes (`_fence`) even
+    when the requeue falls in the millisecond of the old enqueue."""
+    return now if now > job.enqueued_at else job.enqueued_at + 1
 
 
 # ---------------------------------------------------------------------------
@@ -816,19 +840,22 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
 # Ack, nack, extend
 
 
-def _lease_holder(state: State, cmd: Ack | Release) -> Job | CommandError:
+def _lease_holder(
+    state: State, job_id: object, attempt: object, worker_id: object, enqueued_at: object
+) -> Job | CommandError:
     """The job an ack or a release names, if the command holds its current lease
-    (fenced: a stale attempt is refused) and its worker id is within limits."""
-    fields: tuple[object, ...] = cmd
-    job_id, attempt, worker_id = fields
+    (fenced: a stale attempt or delivery is refused) and its worker id is within
+    limits."""
     problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
-    return _fence(state, job_id, attempt)
+    return _fence(state, job_id, attempt, enqueued_at)
 
 
 def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
-    job = _lease_holder(state, cmd)
+    fields: tuple[object, ...] = cmd
+    job_id, attempt, worker_id, enqueued_at = fields
+    job = _lease_holder(state, job_id, attempt, worker_id, enqueued_at)
     if isinstance(job, CommandError):
         return job
     event = _new_tuple(JobAcked, (job.job_id, job.attempt, cmd.worker_id))
@@ -841,7 +868,9 @@ def _decide_release(state: State, cmd: Release, now: int) -> Decision | CommandE
     The job keeps its attempt number and its place in the ready order: the
     attempt is not counted against max_attempts, and the next delivery carries
     the same number."""
-    job = _lease_holder(state, cmd)
+    fields: tuple[object, ...] = cmd
+    job_id, attempt, worker_id = fields
+    job = _lease_holder(state, job_id, attempt, worker_id, None)
     if isinstance(job, CommandError):
         return job
     event = _new_tuple(JobReleased, (job.job_id, job.attempt, cmd.worker_id))
@@ -882,7 +911,7 @@ def _dead_letter_event(
 
 def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
     fields: tuple[object, ...] = cmd
-    job_id, attempt, retry, delay_ms, reason, worker_id = fields
+    job_id, attempt, retry, delay_ms, reason, worker_id, enqueued_at = fields
     problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
@@ -893,7 +922,7 @@ def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
         return InvalidArgument(f"unknown retry directive {retry!r:.60}")
     if retry == RETRY_DELAY and (not _is_int(delay_ms) or delay_ms < 0):
         return InvalidArgument("a retry delay must be an integer >= 0 ms")
-    job = _fence(state, job_id, attempt)
+    job = _fence(state, job_id, attempt, enqueued_at)
     if isinstance(job, CommandError):
         return job
     if cmd.retry == RETRY_DEAD_LETTER:
@@ -921,13 +950,13 @@ def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
 
 def _decide_extend(state: State, cmd: Extend, now: int) -> Decision | CommandError:
     fields: tuple[object, ...] = cmd
-    job_id, attempt, lease_ms, worker_id = fields
+    job_id, attempt, lease_ms, worker_id, enqueued_at = fields
     problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
     if not _is_int(lease_ms) or lease_ms <= 0:
         return InvalidArgument("lease duration must be a positive number of ms")
-    job = _fence(state, job_id, attempt)
+    job = _fence(state, job_id, attempt, enqueued_at)
     if isinstance(job, CommandError):
         return job
     cap = state.config.policy(job.queue).max_lease_duration_ms
@@ -1059,7 +1088,7 @@ def _decide_requeue(state: State, cmd: RequeueDeadLetters, now: int) -> Decision
         elif jid in affected:
             continue
         else:
-            events.append(DeadLetterRequeued(job_id=jid, enqueued_at=now))
+            events.append(DeadLetterRequeued(job_id=jid, enqueued_at=_requeued_at(record.job, now)))
             affected.append(jid)
             woken.add(record.job.queue)
     return Decision(
@@ -1344,7 +1373,10 @@ def _decide_dead_letters_admin(
         done = [r.job.job_id for r in records]
         header_queue = cast("str | None", queue)
         if requeue:
-            changes: list[Event] = [DeadLetterRequeued(job_id=jid, enqueued_at=now) for jid in done]
+            changes: list[Event] = [
+                DeadLetterRequeued(job_id=r.job.job_id, enqueued_at=_requeued_at(r.job, now))
+                for r in records
+            ]
             woken = frozenset(r.job.queue for r in records)
             action = ADMIN_REQUEUE_DEAD_LETTERS
         else:

@@ -446,20 +446,30 @@ class AckBody(NamedTuple):
     job_id: str
     attempt: int
     worker_id: str | None
+    # The fencing token (PROTOCOL.md 5.3): the delivery's enqueued_at_ms, optional.
+    enqueued_at_ms: int | None
 
 
 def parse_ack(body: dict[str, Any]) -> AckBody:
     get = body.get
     job_id, attempt, worker_id = get("job_id"), get("attempt"), get("worker_id")
+    enqueued_at_ms = get("enqueued_at_ms")
     if (
         type(job_id) is str
         and type(attempt) is int
         and INT64_MIN <= attempt <= INT64_MAX
         and (worker_id is None or type(worker_id) is str)
+        and (
+            enqueued_at_ms is None
+            or (type(enqueued_at_ms) is int and INT64_MIN <= enqueued_at_ms <= INT64_MAX)
+        )
     ):
-        return _new_tuple(AckBody, (job_id, attempt, worker_id))  # an ack per request
+        # Every field well-typed (an ack per request): no Fields round trip.
+        return _new_tuple(AckBody, (job_id, attempt, worker_id, enqueued_at_ms))
     f = Fields(body)  # a field has the wrong type: name it
-    return AckBody(f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"))
+    return AckBody(
+        f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"), f.opt_int("enqueued_at_ms")
+    )
 
 
 class ReleaseBody(NamedTuple):
@@ -491,6 +501,7 @@ class NackBody(NamedTuple):
     delay_ms: int | None
     reason: str | None
     worker_id: str | None
+    enqueued_at_ms: int | None
 
 
 def parse_nack(body: dict[str, Any]) -> NackBody:
@@ -508,6 +519,7 @@ def parse_nack(body: dict[str, Any]) -> NackBody:
         delay_ms,
         f.opt_str("reason"),
         f.opt_str("worker_id"),
+        f.opt_int("enqueued_at_ms"),
     )
 
 
@@ -516,12 +528,17 @@ class ExtendBody(NamedTuple):
     attempt: int
     lease_ms: int
     worker_id: str | None
+    enqueued_at_ms: int | None
 
 
 def parse_extend(body: dict[str, Any]) -> ExtendBody:
     f = Fields(body)
     return ExtendBody(
-        f.text("job_id"), f.integer("attempt"), f.integer("lease_ms"), f.opt_str("worker_id")
+        f.text("job_id"),
+        f.integer("attempt"),
+        f.integer("lease_ms"),
+        f.opt_str("worker_id"),
+        f.opt_int("enqueued_at_ms"),
     )
 
 

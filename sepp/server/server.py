@@ -1242,7 +1242,9 @@ class ClientConnection(asyncio.Protocol):
         self._finish(request_id, decision, barrier, _release_body)
 
     def op_ack(self, request_id: int, body: pm.AckBody) -> None:
-        decision, barrier = self.server.service.ack(body.job_id, body.attempt, body.worker_id)
+        decision, barrier = self.server.service.ack(
+            body.job_id, body.attempt, body.worker_id, body.enqueued_at_ms
+        )
         self._finish(request_id, decision, barrier, _ack_body)
 
     def op_nack(self, request_id: int, body: pm.NackBody) -> None:
@@ -1264,7 +1266,11 @@ class ClientConnection(asyncio.Protocol):
         renderers: list[Callable[[Any], dict[str, Any]] | str] = []
         for item in body.items:
             if type(item) is pm.AckBody:
-                commands.append(_new_tuple(Ack, (item.job_id, item.attempt, item.worker_id)))
+                commands.append(
+                    _new_tuple(
+                        Ack, (item.job_id, item.attempt, item.worker_id, item.enqueued_at_ms)
+                    )
+                )
                 renderers.append(_ack_body)
             elif type(item) is pm.NackBody:
                 commands.append(_nack_command(item))
@@ -1373,6 +1379,7 @@ def _nack_command(body: pm.NackBody) -> Nack:
         delay_ms=body.delay_ms,
         reason=body.reason,
         worker_id=body.worker_id,
+        enqueued_at=body.enqueued_at_ms,
     )
 
 
@@ -1382,6 +1389,7 @@ def _extend_command(body: pm.ExtendBody) -> Extend:
         attempt=body.attempt,
         lease_ms=body.lease_ms,
         worker_id=body.worker_id,
+        enqueued_at=body.enqueued_at_ms,
     )
 
 

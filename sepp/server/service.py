@@ -506,11 +506,13 @@ class SeppService:
         return self.ids.take(count)
 
     def ack(
-        self, job_id: str, attempt: int, worker_id: str | None
+        self, job_id: str, attempt: int, worker_id: str | None, enqueued_at: int | None = None
     ) -> tuple[Decision | CommandError, int]:
+        """`enqueued_at`: the fencing token the native protocol may carry (the
+        delivery's enqueued_at_ms, PROTOCOL.md 5.3); None fences by attempt only."""
         if self.stopping:
             raise ShuttingDown()
-        return self.run(_new_tuple(Ack, (job_id, attempt, worker_id)))
+        return self.run(_new_tuple(Ack, (job_id, attempt, worker_id, enqueued_at)))
 
     def nack(self, command: Nack) -> tuple[Decision | CommandError, int]:
         return self._command(command)

@@ -332,12 +332,14 @@ async def reserve_one(client: SeppClient, fake: FakeServer, **kwargs) -> object:
 async def test_ack_echoes_id_attempt_and_worker(fake: FakeServer) -> None:
     async with fake:
         client = await SeppClient.connect(fake.address)
-        job = await reserve_one(client, fake)
+        job = await reserve_one(client, fake, enqueued_at_ms=1_764_500_000_123)
         await client.ack(job.ctx)  # type: ignore[attr-defined]
         assert fake.ops("ack")[0].body == {
             "job_id": job.ctx.id,  # type: ignore[attr-defined]
             "attempt": 1,
             "worker_id": "w-9",
+            # The fencing token: the delivery's enqueued_at (PROTOCOL.md 5.3).
+            "enqueued_at_ms": 1_764_500_000_123,
         }
         await client.close()
 

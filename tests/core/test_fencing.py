@@ -1,6 +1,8 @@
 """Fencing of ack, nack, extend and release by (job_id, attempt) (sepp-semantics.md §7):
 NotFound when there is no in-flight record, AttemptMismatch when someone else
-holds a newer attempt; a fenced command changes nothing and logs nothing.
+holds a newer attempt; a fenced command changes nothing and logs nothing. Ack,
+nack and extend may also carry the delivery's enqueued_at (the token that tells
+deliveries apart across an operator requeue): see the table further down.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from collections.abc import Callable
 import pytest
 
 from sepp.core import RETRY_DEAD_LETTER, Ack, Command, CoreConfig, Extend, Nack, Release
+from sepp.core.commands import AdminRequeueDeadLetters
 from sepp.core.results import (
     AckResult,
     AttemptMismatch,
     ExtendResult,
+    InvalidArgument,
     NackResult,
     NotFound,
     ReleaseResult,
@@ -158,3 +162,156 @@ def test_ids_are_compared_case_insensitively() -> None:
     h.reserve_one("q", now=NOW)
     h.extend(job_id.upper(), 1, 10, now=NOW)
     assert h.ack(job_id.upper(), 1, now=NOW) == AckResult(job_id)
+
+
+# -- the delivery token: enqueued_at ---------------------------------------------
+#
+# An operator requeue of a dead letter restarts the job at attempt 1, so
+# (job_id, attempt) alone lets the holder of an expired lease of attempt 1
+# settle the job's new delivery. Ack, nack and extend may carry the
+# enqueued_at their delivery carried (the requeue always moves it forward):
+#
+# | token                        | outcome                                    |
+# | ---------------------------- | ------------------------------------------ |
+# | the current enqueued_at      | accepted                                   |
+# | another value (requeued)     | AttemptMismatch, nothing changed           |
+# | absent                       | attempt-only fence (the old behaviour)     |
+# | not an integer               | InvalidArgument                            |
+
+TOKENED: dict[str, Callable[[str, int, int | None], Command]] = {
+    "ack": lambda job_id, attempt, token: Ack(job_id=job_id, attempt=attempt, enqueued_at=token),
+    "nack": lambda job_id, attempt, token: Nack(job_id=job_id, attempt=attempt, enqueued_at=token),
+    "extend": lambda job_id, attempt, token: Extend(
+        job_id=job_id, attempt=attempt, lease_ms=LEASE, enqueued_at=token
+    ),
+}
+
+
+def requeued_after_a_lapsed_lease(
+    requeue: Callable[[Harness, str, int], object] | None = None,
+) -> tuple[Harness, str, int, int]:
+    """The colleague's repro: a job with max_attempts=1 reserved by A, A's lease
+    lapses (dead-lettered, cause lease_expired), an operator requeues it, B
+    reserves it at attempt 1. Returns the harness, the id, A's token and B's."""
+    h = Harness(CoreConfig(dead_letter_retention_ms=60_000))
+    [job_id] = h.enqueue(make_job(max_attempts=1), now=NOW)
+    first = h.reserve_one("q", now=NOW, lease_ms=LEASE)
+    h.sweep(now=NOW + LEASE)
+    assert h.status(job_id) == "dead"
+    if requeue is None:
+        h.requeue(job_id, now=NOW + LEASE + 1)
+    else:
+        requeue(h, job_id, NOW + LEASE + 1)
+    second = h.reserve_one("q", now=NOW + LEASE + 2, lease_ms=LEASE)
+    assert (first.attempt, second.attempt) == (1, 1)
+    return h, job_id, first.enqueued_at, second.enqueued_at
+
+
+@pytest.mark.parametrize("operation", sorted(TOKENED))
+def test_an_operation_carrying_the_current_delivery_token_is_accepted(operation: str) -> None:
+    h, job_id, _, token = requeued_after_a_lapsed_lease()
+
+    h.accept(TOKENED[operation](job_id, 1, token), now=NOW + LEASE + 3)
+
+    expected = {"ack": "gone", "nack": "dead", "extend": "in_flight"}[operation]
+    assert h.status(job_id) == expected
+
+
+@pytest.mark.parametrize("operation", sorted(TOKENED))
+def test_an_operation_carrying_the_token_of_a_delivery_before_a_requeue_is_fenced(
+    operation: str,
+) -> None:
+    h, job_id, stale, token = requeued_after_a_lapsed_lease()
+    assert stale != token
+    held = h.job(job_id).due_ms
+
+    error = h.refuse(TOKENED[operation](job_id, 1, stale), now=NOW + LEASE + 3)
+
+    assert type(error) is AttemptMismatch
+    assert error.code == "failed_precondition"
+    assert error.current_attempt == 1
+    # B, the rightful holder, is untouched and can still finish the job.
+    assert (h.status(job_id), h.job(job_id).due_ms) == ("in_flight", held)
+    reply = h.accept(Ack(job_id=job_id, attempt=1, enqueued_at=token), now=NOW + LEASE + 4)
+    assert reply == AckResult(job_id)
+
+
+@pytest.mark.parametrize("operation", sorted(TOKENED))
+def test_an_operation_without_a_token_is_fenced_by_its_attempt_only(operation: str) -> None:
+    """The limitation of clients that do not send the token (the official gRPC
+    clients): after a requeue, A's stale attempt 1 is taken for B's."""
+    h, job_id, _, _ = requeued_after_a_lapsed_lease()
+
+    h.accept(TOKENED[operation](job_id, 1, None), now=NOW + LEASE + 3)
+
+    expected = {"ack": "gone", "nack": "dead", "extend": "in_flight"}[operation]
+    assert h.status(job_id) == expected
+
+
+@pytest.mark.parametrize("operation", sorted(TOKENED))
+def test_a_token_carried_without_a_requeue_matches_every_attempt_of_the_job(
+    operation: str,
+) -> None:
+    """Redeliveries (lease expiry, nack) keep enqueued_at: the token of any
+    delivery of the job is the current one until a requeue."""
+    h = Harness()
+    [job_id] = h.enqueue(make_job(max_attempts=3), now=NOW)
+    token = h.reserve_one("q", now=NOW, lease_ms=LEASE).enqueued_at
+    h.sweep(now=NOW + LEASE)
+    assert h.reserve_one("q", now=NOW + LEASE, lease_ms=LEASE).enqueued_at == token
+
+    h.accept(TOKENED[operation](job_id, 2, token), now=NOW + LEASE + 1)
+
+    expected = {"ack": "gone", "nack": "ready", "extend": "in_flight"}[operation]
+    assert h.status(job_id) == expected
+
+
+@pytest.mark.parametrize("operation", sorted(TOKENED))
+@pytest.mark.parametrize("token", ["1", 1.5, True])
+def test_a_token_that_is_not_an_integer_is_an_invalid_argument(
+    operation: str, token: object
+) -> None:
+    h = Harness()
+    [job_id] = h.enqueue(make_job(), now=NOW)
+    h.reserve_one("q", now=NOW, lease_ms=LEASE)
+
+    error = h.refuse(TOKENED[operation](job_id, 1, token), now=NOW)  # type: ignore[arg-type]
+
+    assert type(error) is InvalidArgument
+
+
+def _admin_requeue(h: Harness, job_id: str, now: int) -> None:
+    h.accept(AdminRequeueDeadLetters(job_ids=(job_id,), actor="ann", role="operator"), now)
+
+
+def test_an_admin_requeue_fences_the_lease_before_it_too() -> None:
+    h, job_id, stale, token = requeued_after_a_lapsed_lease(_admin_requeue)
+    assert stale != token
+
+    assert type(h.refuse(Ack(job_id=job_id, attempt=1, enqueued_at=stale), NOW + 9)) is (
+        AttemptMismatch
+    )
+    h.accept(Ack(job_id=job_id, attempt=1, enqueued_at=token), NOW + 9)
+
+
+@pytest.mark.parametrize("requeue", ["operator", "admin"])
+def test_a_requeue_in_the_millisecond_of_the_enqueue_still_moves_enqueued_at_forward(
+    requeue: str,
+) -> None:
+    """The token must change with every requeue: max(now, old + 1)."""
+    h = Harness(CoreConfig(dead_letter_retention_ms=60_000))
+    [job_id] = h.enqueue(make_job(), now=NOW)
+    h.dead_letter(job_id, now=NOW)
+    if requeue == "operator":
+        h.requeue(job_id, now=NOW)
+    else:
+        _admin_requeue(h, job_id, NOW)
+    assert h.job(job_id).enqueued_at == NOW + 1
+    # And again in the same millisecond: forward again.
+    h.dead_letter(job_id, now=NOW)
+    h.requeue(job_id, now=NOW)
+    assert h.job(job_id).enqueued_at == NOW + 2
+    # A requeue later than that takes its own time.
+    h.dead_letter(job_id, now=NOW + 50)
+    h.requeue(job_id, now=NOW + 50)
+    assert h.job(job_id).enqueued_at == NOW + 50

@@ -286,9 +286,9 @@ def test_settle_parses_each_item_as_its_single_operations_body() -> None:
         }
     )
     assert body.items == [
-        pm.AckBody("a", 1, None),
-        pm.NackBody("b", 2, "delay", 5, None, None),
-        pm.ExtendBody("c", 3, 100, "w"),
+        pm.AckBody("a", 1, None, None),
+        pm.NackBody("b", 2, "delay", 5, None, None, None),
+        pm.ExtendBody("c", 3, 100, "w", None),
     ]
 
 
@@ -304,7 +304,7 @@ def test_a_malformed_settle_item_is_reported_for_that_item_only() -> None:
             ]
         }
     )
-    assert body.items[0] == pm.AckBody("a", 1, None)
+    assert body.items[0] == pm.AckBody("a", 1, None, None)
     assert isinstance(body.items[1], ProtocolError) and "kind" in body.items[1].message
     assert isinstance(body.items[2], ProtocolError) and "attempt" in body.items[2].message
     assert isinstance(body.items[3], ProtocolError) and "map" in body.items[3].message
@@ -400,7 +400,9 @@ def _field_by_field_reserve(body: dict) -> pm.ReserveBody:
 
 def _field_by_field_ack(body: dict) -> pm.AckBody:
     f = pm.Fields(body)
-    return pm.AckBody(f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"))
+    return pm.AckBody(
+        f.text("job_id"), f.integer("attempt"), f.opt_str("worker_id"), f.opt_int("enqueued_at_ms")
+    )
 
 
 def _outcome(parse, body: dict) -> object:
@@ -436,6 +438,6 @@ def test_parse_reserve_equals_the_field_by_field_checks(body: dict) -> None:
     assert _outcome(pm.parse_reserve, body) == _outcome(_field_by_field_reserve, body)
 
 
-@given(_body({"job_id": _near, "attempt": _near, "worker_id": _near}))
+@given(_body({"job_id": _near, "attempt": _near, "worker_id": _near, "enqueued_at_ms": _near}))
 def test_parse_ack_equals_the_field_by_field_checks(body: dict) -> None:
     assert _outcome(pm.parse_ack, body) == _outcome(_field_by_field_ack, body)

@@ -18,6 +18,7 @@ from tests.server.conftest import RawClient, connect, job
 pytestmark = pytest.mark.usefixtures("in_process_env")
 
 MISSING = "00000000-0000-4000-8000-000000000000"
+WAIT_S = 30  # a deadline for what must happen, never a measured bound
 
 
 async def leased(client: RawClient, queue: str, count: int) -> list[dict[str, Any]]:
@@ -203,3 +204,59 @@ async def test_a_full_commit_backlog_refuses_each_item_with_overloaded_and_appli
         # Neither ack was applied: both jobs are still leased under attempt 1.
         answer = await client.ok("settle", {"items": [ack(a), ack(b)]})
         assert [r["status"] for r in answer["results"]] == ["ok", "ok"]
+
+
+async def test_an_item_carrying_the_enqueued_at_of_a_delivery_before_a_requeue_is_fenced() -> None:
+    """The repro of the requeue bug (PROTOCOL.md 5.3): max_attempts=1, A's lease
+    lapses (dead-lettered), an operator requeues the job, B reserves it at
+    attempt 1 again. Each item's enqueued_at_ms is checked as the single
+    operation checks it; an item without one is fenced by its attempt only (what
+    the official gRPC clients get)."""
+    async with in_process(in_process_config(storage__dead_letter_retention_ms="3600000")) as server:
+        client = await connect(address_of(server))
+        [job_id] = await client.enqueue_ids(job("q", max_attempts=1))
+        [first] = await client.reserve(["q"], lease_ms=30)
+
+        async def dead_lettered() -> bool:
+            info = (await client.ok("get_job", {"id": job_id}))["job"]
+            return bool(info["state"] == "dead_letter")
+
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while not await dead_lettered():  # a deadline, not a timing bound
+            assert asyncio.get_running_loop().time() < deadline, "never dead-lettered"
+            await asyncio.sleep(0.01)
+        await client.ok("requeue_dead_letters", {"ids": [job_id]})
+        [second] = await client.reserve(["q"])
+        old, new = first["enqueued_at_ms"], second["enqueued_at_ms"]
+        assert new > old and first["attempt"] == second["attempt"] == 1
+        single = await client.call("ack", {"job_id": job_id, "attempt": 1, "enqueued_at_ms": old})
+        assert (single.status, single.body["reason"]) == ("failed_precondition", "attempt_mismatch")
+
+        def item(kind: str, token: int | None, **fields: Any) -> dict[str, Any]:
+            body = {"kind": kind, "job_id": job_id, "attempt": 1, **fields}
+            if token is not None:
+                body["enqueued_at_ms"] = token
+            return body
+
+        answer = await client.ok(
+            "settle",
+            {
+                "items": [
+                    item("ack", old),
+                    item("nack", old, retry="dead_letter"),
+                    item("extend", old, lease_ms=5_000),
+                    item("extend", new, lease_ms=120_000),
+                    item("ack", "not a number"),  # type: ignore[arg-type]
+                    item("extend", None, lease_ms=120_000),  # no token: attempt-only
+                    item("ack", new),
+                ]
+            },
+        )
+        results = answer["results"]
+        for stale in results[:3]:
+            assert stale["status"] == "failed_precondition", stale
+            assert (stale["reason"], stale["current_attempt"]) == ("attempt_mismatch", 1)
+        assert results[3]["status"] == "ok"
+        assert results[4]["status"] == "invalid_argument"
+        assert results[5]["status"] == "ok"
+        assert results[6] == {"status": "ok", "job_id": job_id}

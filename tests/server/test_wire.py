@@ -57,4 +57,4 @@ def test_the_commands_the_server_builds_positionally_keep_their_field_order() ->
     # a reordered field would pass a value to the wrong name without an error.
     assert Enqueue._fields == ("jobs", "atomic")
     assert Reserve._fields == ("queues", "lease_ms", "max_jobs", "worker_id", "max_bytes")
-    assert Ack._fields == ("job_id", "attempt", "worker_id")
+    assert Ack._fields == ("job_id", "attempt", "worker_id", "enqueued_at")
