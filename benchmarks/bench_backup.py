@@ -5,11 +5,11 @@ One `sepp serve` (pinned to core 0, admin listener on, snapshots off so the data
 directory is its log) is filled with ~1 GB of log (64 KiB jobs, batched, kept in a
 queue of their own). Then, for each round, the 50/50 load -- 50 producer and 50
 worker connections at once, closed loop, 256-byte payloads, one job per request,
-reserve (long poll) + ack -- runs alternating, per backup variant: once alone,
-then once as long with `sepp backup DEST` started after a warm-up (by default
-`sepp backup` at its default pace, and with `--max-rate 0`, as fast as it goes).
-Runs last as long as the backup needs at its pace (at least --seconds): the data
-directory grows with every run, as the load writes log. The load generator
+reserve (long poll) + ack -- runs alternating, per backup variant: once with
+`sepp backup DEST` started after a warm-up (by default at its default pace, and
+with `--max-rate 0`, as fast as it goes), the load stopping a second after the
+backup, then once alone, as long. (The data directory grows with every run: the
+load writes log.) The load generator
 (pinned to core 1) counts completed operations in 100 ms buckets; throughput is
 compared over the same window, the backup's duration, in both runs:
 
@@ -21,7 +21,7 @@ as it would in production. Each backup writes into a fresh directory on the same
 disk (fsynced). Medians of the rounds.
 
     python -m benchmarks.bench_backup                  # ~1 GB, 3 rounds (~5 min)
-    python -m benchmarks.bench_backup --gib 0.25 --rounds 1 --seconds 10   # quick
+    python -m benchmarks.bench_backup --gib 0.25 --rounds 1   # quick
     python -m benchmarks.bench_backup --variants "" "--max-rate 50"
 """
 
@@ -36,16 +36,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import fsync_rate, machine_line, median, print_table
 from benchmarks.loadgen import Conn, _job, connect
-from sepp.server.backup_cli import DEFAULT_MAX_RATE_MB
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET_S = 0.1
+# A load run with a backup ends this long after the backup (at most RUN_S_MAX).
+TAIL_S = 1.0
+RUN_S_MAX = 600.0
 BALLAST_PAYLOAD_BYTES = 64 * 1024
 BALLAST_JOBS_PER_REQUEST = 8  # 512 KiB per request, below max_message_bytes
 
@@ -130,23 +133,31 @@ async def _fill(port: int, target_bytes: int, connections: int) -> None:
         conn.transport.close()
 
 
-async def _load(port: int, seconds: float, connections: int) -> dict[str, Any]:
-    """The 50/50 mix: `connections` producers and as many workers at once."""
+async def _load(port: int, seconds: float, connections: int, on_stdin: bool) -> dict[str, Any]:
+    """The 50/50 mix: `connections` producers and as many workers at once, for
+    `seconds`, or (`on_stdin`) until a line comes on stdin (at most `seconds`)."""
     producers = [await connect("127.0.0.1", port) for _ in range(connections)]
     workers = [await connect("127.0.0.1", port) for _ in range(connections)]
     started = time.time()
-    end = started + seconds
-    buckets = int(seconds / BUCKET_S) + 2
+    end = [started + seconds]
+    if on_stdin:
+
+        def stop_on_line() -> None:
+            sys.stdin.readline()
+            end[0] = min(end[0], time.time())
+
+        threading.Thread(target=stop_on_line, daemon=True).start()
+    buckets = int(seconds / BUCKET_S) + 20  # calls answered after the end
     enqueued = [0] * buckets
     acked = [0] * buckets
 
     async def produce(conn: Conn) -> None:
-        while time.time() < end:
+        while time.time() < end[0]:
             await conn.call("enqueue", {"jobs": [_job("mix")]})
             enqueued[int((time.time() - started) / BUCKET_S)] += 1
 
     async def work(conn: Conn) -> None:
-        while time.time() < end:
+        while time.time() < end[0]:
             body = await conn.call(
                 "reserve", {"queues": ["mix"], "lease_ms": 60_000, "wait_ms": 200}
             )
@@ -158,7 +169,13 @@ async def _load(port: int, seconds: float, connections: int) -> dict[str, Any]:
     for conn in producers + workers:
         assert conn.transport is not None
         conn.transport.close()
-    return {"started": started, "bucket_s": BUCKET_S, "enqueued": enqueued, "acked": acked}
+    return {
+        "started": started,
+        "ended": end[0],
+        "bucket_s": BUCKET_S,
+        "enqueued": enqueued,
+        "acked": acked,
+    }
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -169,7 +186,9 @@ def _child(args: argparse.Namespace) -> None:
         run_on(loop, lambda: _fill(args.port, int(args.gib * 2**30), 8))
         print(json.dumps({"ok": True}), flush=True)
     else:
-        result = run_on(loop, lambda: _load(args.port, args.seconds, args.connections))
+        result = run_on(
+            loop, lambda: _load(args.port, args.seconds, args.connections, args.until_stdin)
+        )
         print(json.dumps(result), flush=True)
 
 
@@ -177,12 +196,16 @@ def _spawn_child(kind: str, port: int, **options: Any) -> subprocess.Popen[str]:
     cmd = [*_taskset("1"), sys.executable, "-m", "benchmarks.bench_backup", "--child", kind,
            "--port", str(port)]  # fmt: skip
     for key, value in options.items():
-        cmd += ["--" + key.replace("_", "-"), str(value)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        if value is True:
+            cmd.append("--" + key.replace("_", "-"))
+        else:
+            cmd += ["--" + key.replace("_", "-"), str(value)]
+    stdin = subprocess.PIPE if options.get("until_stdin") else None
+    return subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def _child_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, _ = proc.communicate()
+def _child_result(proc: subprocess.Popen[str], stdin: str | None = None) -> dict[str, Any]:
+    out, _ = proc.communicate(stdin)
     if proc.returncode != 0:
         raise RuntimeError(f"child failed ({proc.returncode})")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
@@ -201,29 +224,13 @@ def window_rate(load: dict[str, Any], start: float, end: float) -> float:
 # -- the rounds ------------------------------------------------------------------------------
 
 
-def run_seconds(server: Server, args: argparse.Namespace, options: str) -> float:
-    """How long a load run lasts: the warm-up, the backup at its pace (the data
-    directory grows with every run: the load writes log), and a margin."""
-    parts = options.split()
-    rate_mb = DEFAULT_MAX_RATE_MB
-    if "--max-rate" in parts:
-        rate_mb = float(parts[parts.index("--max-rate") + 1])
-    expected = dir_bytes(server.data_dir) / 1e6 / rate_mb if rate_mb else 3.0
-    least: float = args.seconds
-    return float(max(least, args.warmup + 1.2 * expected + 3.0))
-
-
-def backup_run(
-    server: Server,
-    args: argparse.Namespace,
-    options: str,
-    dest: str,
-    plain: dict[str, Any],
-    seconds: float,
-) -> dict[str, Any]:
-    """One load run with `sepp backup OPTIONS` started after the warm-up, against
-    `plain` (a run without, as long) over the same window."""
-    load = _spawn_child("load", server.port, seconds=seconds, connections=args.connections)
+def backup_run(server: Server, args: argparse.Namespace, options: str, dest: str) -> dict[str, Any]:
+    """One load run with `sepp backup OPTIONS` started after the warm-up (the load
+    stops TAIL_S after the backup ends), then a run without, as long; the drop is
+    taken over the backup's window in both."""
+    load = _spawn_child(
+        "load", server.port, seconds=RUN_S_MAX, connections=args.connections, until_stdin=True
+    )
     time.sleep(args.warmup)
     began = time.time()
     done = subprocess.run(
@@ -232,13 +239,16 @@ def backup_run(
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     ended = time.time()
-    loaded = _child_result(load)
+    time.sleep(TAIL_S)
+    loaded = _child_result(load, "stop\n")
     if done.returncode != 0:
         raise RuntimeError(f"backup failed: {done.stderr}")
-    if ended > loaded["started"] + seconds:
-        raise RuntimeError("the backup outlasted the load: raise --seconds")
     result = json.loads(done.stdout)
     shutil.rmtree(dest, ignore_errors=True)
+    plain = _child_result(
+        _spawn_child("load", server.port, seconds=loaded["ended"] - loaded["started"],
+                     connections=args.connections)
+    )  # fmt: skip
     # The same window, relative to each load's start, in both runs.
     offset_start, offset_end = began - loaded["started"], ended - loaded["started"]
     without = window_rate(plain, plain["started"] + offset_start, plain["started"] + offset_end)
@@ -258,7 +268,7 @@ def _row(label: str, options: str, runs: list[dict[str, Any]]) -> list[object]:
     def pick(key: str) -> float:
         return median([r[key] for r in runs])
 
-    return [label, options or f"(default {DEFAULT_MAX_RATE_MB:g} MB/s)", pick("without"),
+    return [label, options or "(default pace)", pick("without"),
             pick("with"),
             f"{pick('drop'):.1f}", f"{pick('backup_bytes') / 2**30:.2f}",
             f"{pick('backup_s'):.1f}", pick("backup_mb_s")]  # fmt: skip
@@ -268,9 +278,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0, help="log to build first (GiB)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--seconds", type=float, default=10.0, help="each load run at least (longer as needed)"
-    )
+    parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--until-stdin", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=float, default=2.0, help="load before the backup starts")
     parser.add_argument("--connections", type=int, default=50, help="producers (and workers)")
     parser.add_argument("--mode", default="sync_data", help="the server's persist mode")
@@ -303,19 +312,14 @@ def main() -> None:
         print(f"data directory: {size / 2**30:.2f} GiB of log built in {time.time() - t0:.1f}s "
               f"(64 KiB jobs); persist mode {args.mode}")  # fmt: skip
         print(f"load: {args.connections} producers + {args.connections} workers; backup after "
-              f"{args.warmup:.0f}s; each round, per backup variant: a run without, then one "
-              f"with, as long (long enough for the backup at its pace)")  # fmt: skip
+              f"{args.warmup:.0f}s; each round, per backup variant: a run with the backup "
+              f"(ending {TAIL_S:.0f}s after it), then one without, as long")  # fmt: skip
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
         rows = []
         for n in range(args.rounds):
             for k, options in enumerate(args.variants):
-                seconds = run_seconds(server, args, options)
-                plain = _child_result(
-                    _spawn_child("load", server.port, seconds=seconds,
-                                 connections=args.connections)
-                )  # fmt: skip
                 dest = os.path.join(args.dest_dir or work_dir, f"backup-{os.getpid()}-{n}-{k}")
-                r = backup_run(server, args, options, dest, plain, seconds)
+                r = backup_run(server, args, options, dest)
                 runs[options].append(r)
                 rows.append(_row(f"round {n + 1}", options, [r]))
         for options in args.variants:
