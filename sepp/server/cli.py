@@ -5,8 +5,12 @@ running server.
                [--grpc-listen HOST:PORT]
                [--persist-mode sync_all|sync_data|buffer] [--api-keys-file FILE]
     sepp config example
-    sepp info | stats | enqueue QUEUE JOB_TYPE [...] | dead-letters drain [--queue Q]
-         (operator commands, each with --addr and --api-key-file or --api-key)
+    sepp info | stats | enqueue QUEUE JOB_TYPE [...] | enqueue --from-jsonl FILE
+    sepp jobs get|list|cancel ... | dead-letters list|show|requeue|delete|drain ...
+    sepp queues list|pause|resume|purge|create|update|delete ...
+         (operator commands, each with --addr, --tls-ca, --api-key-file or --api-key,
+         --json: sepp/server/operator.py and operator_admin.py, operator_drain.py)
+    sepp backup DEST [--admin-addr URL] [--admin-key-file FILE]   (backup_cli.py)
 
 Exit codes: 0 normal shutdown or success; 1 startup or configuration error, or an
 operator command that failed; 2 usage error; 3 storage failure while running.

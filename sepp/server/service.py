@@ -185,10 +185,10 @@ ROLE_REQUIRED: dict[str, str] = {
     # roles), the server info.
     "enqueue_jobs": "operator",
     "server_info": "viewer",
-    # A copy of the whole data directory (sepp/admin/backup.py): every payload.
-    "backup": "admin",
     "audit": "admin",
     "events": "viewer",
+    # A copy of the whole data directory (sepp/admin/backup.py): every payload.
+    "backup": "admin",
 }
 
 # Who a front acts as when it has no finer identity: a server without API keys
