@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grpc-listen",
         metavar="HOST:PORT",
         help="the gRPC sepp.v1 front for the official clients (grpc.listen_addr): default "
-        'off; the reference uses port 50051; port 0 = any; needs the extra sepp[grpc]',
+        "off; the reference uses port 50051; port 0 = any; needs the extra sepp[grpc]",
     )
     serve.add_argument("--persist-mode", choices=PERSIST_MODES, help="default sync_all")
     serve.add_argument(
