@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import fsync_rate, machine_line, median, print_table
+from benchmarks.common import ServeProcess, fsync_rate, machine_line, median, print_table, taskset
 from benchmarks.loadgen import Conn, _job, connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,13 +52,7 @@ BALLAST_PAYLOAD_BYTES = 64 * 1024
 BALLAST_JOBS_PER_REQUEST = 8  # 512 KiB per request, below max_message_bytes
 
 
-def _taskset(core: str) -> list[str]:
-    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
-        return []
-    return ["taskset", "-c", core]
-
-
-class Server:
+class Server(ServeProcess):
     """`sepp serve` with an admin listener; snapshots off (the data directory is
     the log; no snapshot lands inside a measured window)."""
 
@@ -72,32 +65,17 @@ class Server:
                 "SEPP_ADMIN__LISTEN_ADDR": "127.0.0.1:0",
             }
         )
-        self.data_dir = data_dir
-        cmd = [
-            *_taskset("0"),
-            sys.executable, "-m", "sepp.server.cli", "serve",
-            "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--persist-mode", mode,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+        super().__init__(
+            data_dir,
+            mode,
+            env,
+            core="0",
+            wait_for_admin=True,
+            remove_data_dir=False,
+            stop_timeout_s=120.0,
         )
-        assert self.proc.stdout is not None
-        first = self.proc.stdout.readline().decode()
-        second = self.proc.stdout.readline().decode()
-        if not first.startswith("sepp listening on ") or "sepp admin on " not in second:
-            self.stop()
-            raise RuntimeError(f"server did not start: {first!r} {second!r}")
-        self.port = int(first.strip().rpartition(":")[2])
-        self.admin = second.strip().removeprefix("sepp admin on ")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        assert self.admin is not None
+        self.admin_addr: str = self.admin
 
 
 def dir_bytes(path: str) -> int:
@@ -193,7 +171,7 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _spawn_child(kind: str, port: int, **options: Any) -> subprocess.Popen[str]:
-    cmd = [*_taskset("1"), sys.executable, "-m", "benchmarks.bench_backup", "--child", kind,
+    cmd = [*taskset("1"), sys.executable, "-m", "benchmarks.bench_backup", "--child", kind,
            "--port", str(port)]  # fmt: skip
     for key, value in options.items():
         if value is True:
@@ -234,7 +212,7 @@ def backup_run(server: Server, args: argparse.Namespace, options: str, dest: str
     time.sleep(args.warmup)
     began = time.time()
     done = subprocess.run(
-        [sys.executable, "-m", "sepp.server.cli", "backup", dest, "--admin-addr", server.admin,
+        [sys.executable, "-m", "sepp.server.cli", "backup", dest, "--admin-addr", server.admin_addr,
          "--json", *options.split()],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    ServeProcess,
     check_builds,
     fsync_rate,
     machine_line,
@@ -35,6 +34,7 @@ from benchmarks.common import (
     print_table,
     server_loop,
     server_sync,
+    taskset,
 )
 from log_format._compiled import BUILDS, build_env, build_name
 from sepp.server.loops import EVENT_LOOPS
@@ -44,57 +44,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SWEEP = [(1, 5_000), (8, 40_000), (64, 200_000), (256, 200_000)]
 
 
-def _taskset(core: str | None) -> list[str]:
-    if core is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
-        return []
-    return ["taskset", "-c", core]
-
-
-class Server:
+class Server(ServeProcess):
     def __init__(self, mode: str, pin: bool, extra_env: dict[str, str] | None = None) -> None:
-        self.data_dir = tempfile.mkdtemp(prefix="sepp-bench-e2e-")
         env = dict(os.environ)
         env.update(extra_env or {})
         # Benchmarks measure the steady state: no snapshot in the middle of a phase.
         env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
         env.setdefault("SEPP_LOGGING__LEVEL", "warning")
-        cmd = [
-            *_taskset("0" if pin else None),
-            sys.executable,
-            "-m",
-            "sepp.server.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            self.data_dir,
-            "--persist-mode",
-            mode,
-        ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("sepp listening on "):
-            self.stop()
-            raise RuntimeError(f"server did not start: {line!r}")
-        self.port = int(line.strip().rpartition(":")[2])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+        data_dir = tempfile.mkdtemp(prefix="sepp-bench-e2e-")
+        super().__init__(data_dir, mode, env, core="0" if pin else None)
 
 
 def loadgen(port: int, pin: bool, **options: Any) -> dict[str, Any]:
     cmd = [
-        *_taskset("1" if pin else None),
+        *taskset("1" if pin else None),
         sys.executable,
         "-m",
         "benchmarks.loadgen",
@@ -207,7 +170,7 @@ def main() -> None:
         f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, {probe['syncs_per_s']:,.0f} syncs/s"
     )
     print(
-        f"pinning: server on core 0, load generator on core 1: {'yes' if pin and _taskset('0') else 'no'}"
+        f"pinning: server on core 0, load generator on core 1: {'yes' if pin and taskset('0') else 'no'}"
     )
     rows = []
 

@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,58 +36,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import fsync_rate, machine_line, median, print_table
+from benchmarks.common import ServeProcess, fsync_rate, machine_line, median, print_table, taskset
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("official", "native_raw", "native")
 TARGET_OFFICIAL_JOBS_PER_S = 4_000
 
 
-def _taskset(core: int | None) -> list[str]:
-    if core is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
-        return []
-    return ["taskset", "-c", str(core)]
-
-
-class GrpcServer:
+class GrpcServer(ServeProcess):
     """`sepp serve` with the gRPC front; ports read from its first lines."""
 
     def __init__(self, pin: bool) -> None:
-        self.data_dir = tempfile.mkdtemp(prefix="sepp-bench-grpc-")
         env = dict(os.environ)
         env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
         env.setdefault("SEPP_LOGGING__LEVEL", "warning")
         env["SEPP_ADMIN__LISTEN_ADDR"] = "off"
-        cmd = [
-            *_taskset(0 if pin else None),
-            sys.executable, "-m", "sepp.server.cli", "serve",
-            "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
-            "--data-dir", self.data_dir, "--persist-mode", "sync_all",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+        super().__init__(
+            tempfile.mkdtemp(prefix="sepp-bench-grpc-"),
+            "sync_all",
+            env,
+            core="0" if pin else None,
+            args=["--grpc-listen", "127.0.0.1:0"],
+            wait_for_grpc=True,
         )
-        assert self.proc.stdout is not None
-        self.port = self.grpc_port = 0
-        while not self.grpc_port:
-            line = self.proc.stdout.readline().decode()
-            if not line:
-                self.stop()
-                raise RuntimeError("server did not start")
-            if line.startswith("sepp listening on "):
-                self.port = int(line.strip().rpartition(":")[2])
-            elif line.startswith("sepp grpc on "):
-                self.grpc_port = int(line.strip().rpartition(":")[2])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def _json_tail(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -119,7 +88,7 @@ def official_phase(server: GrpcServer, venv: Path, jobs: int, pin: bool) -> dict
 def native_raw_phase(server: GrpcServer, jobs: int, pin: bool) -> dict[str, Any]:
     result = _json_tail(
         [
-            *_taskset(1 if pin else None), sys.executable, "-m", "benchmarks.loadgen",
+            *taskset("1" if pin else None), sys.executable, "-m", "benchmarks.loadgen",
             "--port", str(server.port), "--connections", "50", "--jobs", str(jobs),
             "--phases", "enqueue", "--server-pid", str(server.proc.pid), "--queue", "bench-raw",
         ],

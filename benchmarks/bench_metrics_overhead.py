@@ -32,10 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,63 +40,29 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.bench_e2e import _taskset, loadgen
-from benchmarks.common import machine_line, median, print_table
+from benchmarks.bench_e2e import loadgen
+from benchmarks.common import ServeProcess, machine_line, median, print_table
 from benchmarks.compare import _our_cpu, _system_busy, wait_quiet
 
-ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("enqueue", "drain")
 
 
-class Server:
+class Server(ServeProcess):
     """`sepp serve` with the admin listener on (port 0) or off."""
 
     def __init__(self, metrics_on: bool, pin: bool) -> None:
-        self.data_dir = tempfile.mkdtemp(prefix="sepp-bench-metrics-")
         env = dict(os.environ)
         env["SEPP_STORAGE__SNAPSHOT_EVERY_BYTES"] = "0"  # steady state: no snapshot
         env["SEPP_LOGGING__LEVEL"] = "warning"
         env["SEPP_METRICS__LISTEN_ADDR"] = "off"
-        cmd = [
-            *_taskset("0" if pin else None),
-            sys.executable,
-            "-m",
-            "sepp.server.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            self.data_dir,
-            "--persist-mode",
+        super().__init__(
+            tempfile.mkdtemp(prefix="sepp-bench-metrics-"),
             "sync_data",
-            "--admin-listen",
-            "127.0.0.1:0" if metrics_on else "off",
-        ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+            env,
+            core="0" if pin else None,
+            args=["--admin-listen", "127.0.0.1:0" if metrics_on else "off"],
+            wait_for_admin=metrics_on,
         )
-        assert self.proc.stdout is not None
-        self.port = 0
-        self.admin: str | None = None
-        while self.port == 0 or (metrics_on and self.admin is None):
-            line = self.proc.stdout.readline().decode()
-            if line.startswith("sepp listening on "):
-                self.port = int(line.strip().rpartition(":")[2])
-            elif line.startswith("sepp admin on "):
-                self.admin = line.strip().removeprefix("sepp admin on ")
-            elif not line:
-                self.stop()
-                raise RuntimeError("the server did not start")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 class Observer:

@@ -1,5 +1,5 @@
 """Shared pieces of the benchmark scripts: machine description, fsync rate,
-medians and table printing.
+medians and table printing, pinning to a core and a `sepp serve` child process.
 
 Benchmarks are never part of the test run; each script prints a table with the
 machine it ran on and the command that reproduces it.
@@ -10,11 +10,15 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from log_format._compiled import build_name, stale_sources
 from sepp.server.loops import resolve_event_loop
@@ -115,3 +119,75 @@ def rss_bytes() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def taskset(core: str | None) -> list[str]:
+    """The command prefix that pins a child to `core` (none if `core` is None, taskset is
+    missing or the machine has one core)."""
+    if core is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return []
+    return ["taskset", "-c", core]
+
+
+class ServeProcess:
+    """`sepp serve --listen 127.0.0.1:0` in a child process; its ports read from the lines
+    it prints first (`sepp listening on`, `sepp admin on`, `sepp grpc on`)."""
+
+    def __init__(
+        self,
+        data_dir: str,
+        persist_mode: str,
+        env: dict[str, str],
+        *,
+        core: str | None = None,
+        args: Sequence[str] = (),
+        wait_for_admin: bool = False,
+        wait_for_grpc: bool = False,
+        remove_data_dir: bool = True,
+        stop_timeout_s: float = 60.0,
+    ) -> None:
+        self.data_dir = data_dir
+        self.remove_data_dir = remove_data_dir
+        self.stop_timeout_s = stop_timeout_s
+        cmd = [
+            *taskset(core),
+            sys.executable, "-m", "sepp.server.cli", "serve",
+            "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--persist-mode", persist_mode,
+            *args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+        )
+        assert self.proc.stdout is not None
+        self.port = 0
+        self.admin: str | None = None
+        self.grpc_port = 0
+        while (
+            not self.port
+            or (wait_for_admin and self.admin is None)
+            or (wait_for_grpc and not self.grpc_port)
+        ):
+            line = self.proc.stdout.readline().decode()
+            if line.startswith("sepp listening on "):
+                self.port = int(line.strip().rpartition(":")[2])
+            elif line.startswith("sepp admin on "):
+                self.admin = line.strip().removeprefix("sepp admin on ")
+            elif line.startswith("sepp grpc on "):
+                self.grpc_port = int(line.strip().rpartition(":")[2])
+            elif not line:
+                self.stop()
+                raise RuntimeError("the server did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.remove_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
