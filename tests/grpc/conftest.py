@@ -51,7 +51,6 @@ from tests.ci_skips import in_ci
 from tests.conftest import REPO_ROOT, ServerProcess
 from tests.inprocess import in_process, in_process_config
 
-ANSWER_TIMEOUT_S = 15.0
 TEST_TIMEOUT_S = 240.0
 LONG_TESTS_ENV = "SEPP_GRPC_LONG_TESTS"
 
@@ -155,21 +154,6 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), TEST_TIMEOUT_S))
     return True
-
-
-async def wait_until(
-    predicate: Callable[[], Any], timeout: float = ANSWER_TIMEOUT_S, what: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 # -- servers -------------------------------------------------------------------------------

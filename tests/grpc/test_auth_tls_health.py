@@ -6,7 +6,6 @@ standard health service, outside auth (sepp-semantics.md §19, §20).
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import grpc
 import grpc.aio
@@ -23,6 +22,7 @@ from tests.grpc.conftest import (
     status_of_call,
     stub_for,
 )
+from tests.support import self_signed_certificate
 
 pytestmark = pytest.mark.usefixtures("in_process_env")
 
@@ -108,19 +108,7 @@ def certificate(tmp_path_factory):
     if shutil.which("openssl") is None:
         pytest.skip("needs openssl")
     where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=localhost",
-            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-keyout", str(key), "-out", str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
-    return cert, key
+    return self_signed_certificate(where / "cert.pem", where / "key.pem")
 
 
 async def test_tls_settings_of_the_native_listener_secure_the_grpc_front(certificate, keys_file):

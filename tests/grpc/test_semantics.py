@@ -28,9 +28,9 @@ from tests.grpc.conftest import (
     reserve,
     status_of_call,
     stub_for,
-    wait_until,
 )
 from tests.inprocess import address_of
+from tests.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("in_process_env")
 

@@ -19,7 +19,6 @@ import inspect
 import itertools
 import socket
 import ssl
-import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
@@ -28,10 +27,8 @@ import pytest
 from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FRAME_BYTES_CEILING, FrameReader, encode_frame
+from tests.support import ANSWER_TIMEOUT_S, wait_until
 
-# How long one answer may take. Generous: the machine is shared and slow at times;
-# a test only waits this long when something is already broken.
-ANSWER_TIMEOUT_S = 15.0
 # A whole async test, as a last-resort guard against hangs.
 TEST_TIMEOUT_S = 120.0
 LEASE_MS = 60_000
@@ -56,25 +53,6 @@ async def _run_async_test(test: Callable[..., Awaitable[None]], kwargs: dict[str
         await asyncio.wait_for(test(**kwargs), TEST_TIMEOUT_S)
     finally:
         await RawClient.close_all()
-
-
-# -- waiting with a deadline ---------------------------------------------------------
-
-
-async def wait_until(
-    predicate: Callable[[], Any], timeout: float = ANSWER_TIMEOUT_S, what: str = "condition"
-) -> Any:
-    """Poll `predicate` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 # -- the raw client ------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 
 from log_format._compiled import PURE_ENV
 from tests.server.test_config_cli import clean_env, sepp, serve
+from tests.support import self_signed_certificate
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -56,15 +57,7 @@ def test_an_unusable_argument_is_a_usage_error_in_one_line(
 
 
 def _self_signed(where: Path, name: str) -> tuple[Path, Path]:
-    cert, key = where / f"{name}.crt", where / f"{name}.key"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
-        ],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return cert, key
+    return self_signed_certificate(where / f"{name}.crt", where / f"{name}.key")
 
 
 @pytest.fixture(scope="module")

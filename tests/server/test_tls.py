@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shutil
 import ssl
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.server.conftest import RawClient, job
+from tests.support import self_signed_certificate
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -19,19 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs o
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and localhost: (cert, key)."""
     where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=localhost",
-            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-keyout", str(key), "-out", str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
-    return cert, key
+    return self_signed_certificate(where / "cert.pem", where / "key.pem")
 
 
 @pytest.fixture

@@ -1,0 +1,49 @@
+"""Helpers shared by test packages that have no conftest in common: waiting with a
+deadline and a self-signed TLS certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# How long one answer may take. Generous: the machine is shared and slow at times;
+# a test only waits this long when something is already broken.
+ANSWER_TIMEOUT_S = 15.0
+
+
+async def wait_until(
+    predicate: Callable[[], Any], timeout: float = ANSWER_TIMEOUT_S, what: str = "condition"
+) -> Any:
+    """Poll `predicate` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def self_signed_certificate(cert: Path, key: Path) -> tuple[Path, Path]:
+    """Write a self-signed certificate for 127.0.0.1 and localhost (needs openssl):
+    (cert, key)."""
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    return cert, key
