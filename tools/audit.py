@@ -33,7 +33,7 @@ from typing import Any
 
 from log_format import COMMAND_KIND_NAMES, Envelope, FormatError, Record, decode_envelope
 from sepp.core.state import STATUS_NAMES, State
-from sepp.storage.audit import admin_record
+from sepp.storage.audit import AdminRecord, admin_record
 from sepp.storage.replay import ReplayError, replay_record
 
 from .datadir import ERROR, DataDir, Problem
@@ -376,20 +376,11 @@ def _records_until(
 # ---------------------------------------------------------------- admin actions
 
 
-@dataclass(frozen=True, slots=True)
-class AdminEntry:
-    """One operator action (an AdminAction header) and what its record changed."""
+class AdminEntry(AdminRecord):
+    """One operator action (an AdminAction header) and what its record changed: the
+    fields of sepp/storage/audit.py's `AdminRecord`, rendered for `sepp-log audit`."""
 
-    seq: int
-    time_ms: int
-    action: str
-    actor: str
-    role: str
-    reason: str | None
-    queue: str | None
-    job_ids: tuple[str, ...]
-    # Event name -> count of the changes that followed the header in its record.
-    changes: dict[str, int]
+    __slots__ = ()
 
     def human(self) -> str:
         ids = ",".join(self.job_ids[:5]) + (
