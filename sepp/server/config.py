@@ -310,29 +310,27 @@ class ServerConfig:
     def listen(self) -> tuple[str, int]:
         return parse_listen(self.get("server", "listen_addr"))
 
+    def _optional_listen(self, section: str) -> tuple[str, int] | None:
+        """[section] listen_addr as (host, port), or None when it is off."""
+        value = self.get(section, "listen_addr").strip()
+        if value.lower() in ADMIN_OFF:
+            return None
+        return parse_listen(value, f"{section}.listen_addr")
+
     @property
     def admin_listen(self) -> tuple[str, int] | None:
         """The admin listener's (host, port), or None when it is off."""
-        value = self.get("admin", "listen_addr").strip()
-        if value.lower() in ADMIN_OFF:
-            return None
-        return parse_listen(value, "admin.listen_addr")
+        return self._optional_listen("admin")
 
     @property
     def metrics_listen(self) -> tuple[str, int] | None:
         """The metrics-only listener's (host, port), or None when it is off."""
-        value = self.get("metrics", "listen_addr").strip()
-        if value.lower() in ADMIN_OFF:
-            return None
-        return parse_listen(value, "metrics.listen_addr")
+        return self._optional_listen("metrics")
 
     @property
     def grpc_listen(self) -> tuple[str, int] | None:
         """The gRPC front's (host, port), or None when it is off (the default)."""
-        value = self.get("grpc", "listen_addr").strip()
-        if value.lower() in ADMIN_OFF:
-            return None
-        return parse_listen(value, "grpc.listen_addr")
+        return self._optional_listen("grpc")
 
     @property
     def admin_keys(self) -> list[AdminKey]:
