@@ -23,6 +23,7 @@ from sepp.client import (
     SeppClient,
     SeppError,
 )
+from tools import crash
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -72,6 +73,24 @@ async def drain(client: SeppClient, queues: list[str]) -> dict[str, tuple[str, i
             seen[tag] = (job.ctx.id, job.ctx.attempt)
             await client.ack(job.ctx)
     return seen
+
+
+def harness_rec(tag: str, queue: str = "cq0", **state: object) -> crash.JobRec:
+    """What the crash harness's ledger knows of job `tag` (id-<tag>, its enqueue
+    acknowledged), with `state` set on it."""
+    rec = crash.JobRec(tag, queue, 0, False, None, 3, None, job_id=f"id-{tag}", enq="ok")
+    for name, value in state.items():
+        setattr(rec, name, value)
+    return rec
+
+
+def harness_ledger(*recs: crash.JobRec) -> crash.Ledger:
+    """The crash harness's ledger knowing `recs`, each by its id."""
+    ledger = crash.Ledger(crash.Report(seed=0))
+    for rec in recs:
+        ledger.add(rec)
+        ledger.by_id[rec.job_id or ""] = rec
+    return ledger
 
 
 def assert_survived(ledger: Ledger, seen: dict[str, tuple[str, int]]) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.crash.helpers import harness_ledger, harness_rec
 from tools.crash import CYCLE_OPERATIONS_MIN, HOOK_POINTS, HarnessOptions, Report, run_harness
 
 CI_CRASHES = 20
@@ -76,27 +77,16 @@ def test_dead_letters_drained_between_crashes_stay_gone(seed: int) -> None:
 
 
 def test_the_ledger_checks_a_drain_against_what_it_knows() -> None:
-    from tools.crash import JobRec, Ledger
-
-    def rec(tag: str, **state: object) -> JobRec:
-        r = JobRec(tag, "cq0", 0, False, None, 3, None, job_id=f"id-{tag}", enq="ok")
-        for name, value in state.items():
-            setattr(r, name, value)
-        return r
-
-    def ledger_with(*recs: JobRec) -> Ledger:
-        ledger = Ledger(Report(seed=0))
-        for r in recs:
-            ledger.add(r)
-            ledger.by_id[r.job_id or ""] = r
-        return ledger
-
-    dead, maybe, live = rec("d", dead="ok"), rec("m", dead="maybe"), rec("l")
-    dying = rec("x", lease_attempt=3, lease_until=10**15)
+    dead, maybe, live = (
+        harness_rec("d", dead="ok"),
+        harness_rec("m", dead="maybe"),
+        harness_rec("l"),
+    )
+    dying = harness_rec("x", lease_attempt=3, lease_until=10**15)
 
     # Exact: the dead letter, an in-doubt nack that did happen, a final-attempt
     # lease that lapsed since the last check.
-    ok = ledger_with(dead, maybe, live, dying)
+    ok = harness_ledger(dead, maybe, live, dying)
     ok.drained(["id-d", "id-m", "id-x"])
     assert not ok.report.violations
     assert ok.active == {"l"} and dead.dead == maybe.dead == dying.dead == "drained"
@@ -110,7 +100,9 @@ def test_the_ledger_checks_a_drain_against_what_it_knows() -> None:
     assert live.dead == "maybe" and live.lease_until == 0
 
     # A job that could not be a dead letter; a dead letter left behind; a job drained twice.
-    bad = ledger_with(rec("d", dead="ok"), rec("l"), rec("a", acked="ok", dead="maybe"))
+    bad = harness_ledger(
+        harness_rec("d", dead="ok"), harness_rec("l"), harness_rec("a", acked="ok", dead="maybe")
+    )
     bad.drained(["id-l", "id-a", "id-l"])
     text = "\n".join(bad.report.violations)
     assert "drained as a dead letter, but the ledger has it acked=no dead=no" in text

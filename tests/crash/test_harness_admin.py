@@ -20,25 +20,15 @@ from sepp.client import Job, JobCtx, Payload
 from sepp.core import CoreConfig
 from sepp.core.commands import AdminDeadLetterJobs, PauseQueue
 from tests.core.helpers import NOW, Harness, make_job
-from tools.crash import PURGE_QUEUE, HarnessOptions, JobRec, Ledger, Report, run_harness
+from tests.crash.helpers import harness_ledger, harness_rec
+from tools.crash import PURGE_QUEUE, HarnessOptions, JobRec, Ledger, run_harness
 
 LEASE = 1_000
 WHO: dict[str, Any] = {"actor": "ann", "role": "operator"}
 
 
 def _rec(tag: str, queue: str = "cq0", **state: object) -> JobRec:
-    rec = JobRec(tag, queue, 0, False, None, 3, None, job_id=f"id-{tag}", enq="ok", seen=True)
-    for name, value in state.items():
-        setattr(rec, name, value)
-    return rec
-
-
-def _ledger(*recs: JobRec) -> Ledger:
-    ledger = Ledger(Report(seed=0))
-    for rec in recs:
-        ledger.add(rec)
-        ledger.by_id[rec.job_id or ""] = rec
-    return ledger
+    return harness_rec(tag, queue, seen=True, **state)
 
 
 def _delivery(rec: JobRec, attempt: int, at_ms: int, queue: str = "cq0") -> Job:
@@ -69,7 +59,7 @@ def test_a_requeue_answer_read_after_the_delivery_it_allowed_is_no_violation() -
     at attempt 1 at once, and the worker's answer is read before the operator's
     (two connections). The delivery proves the requeue applied."""
     rec = _rec("r", dead="ok", last_attempt=3)
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     pending = ledger.admin_sent(rec, "requeue", 10_000)
     ledger.delivered(_delivery(rec, 1, 10_005), LEASE)
     assert not ledger.report.violations
@@ -81,7 +71,7 @@ def test_a_requeue_answer_read_after_the_delivery_it_allowed_is_no_violation() -
 
 def test_a_delivery_of_a_dead_letter_whose_requeue_answered_not_found_is_a_violation() -> None:
     rec = _rec("r", dead="ok", last_attempt=3)
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     pending = ledger.admin_sent(rec, "requeue", 10_000)
     ledger.delivered(_delivery(rec, 1, 10_005), LEASE)
     ledger.admin_answered(rec, pending, "not_found", 10_010)
@@ -90,7 +80,7 @@ def test_a_delivery_of_a_dead_letter_whose_requeue_answered_not_found_is_a_viola
 
 def test_a_dead_letter_delivered_again_with_no_requeue_in_flight_is_a_violation() -> None:
     rec = _rec("r", dead="ok", last_attempt=3)
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     ledger.delivered(_delivery(rec, 1, 10_005), LEASE)
     text = _violations(ledger)
     assert "delivered after it was dead-lettered" in text
@@ -99,7 +89,7 @@ def test_a_dead_letter_delivered_again_with_no_requeue_in_flight_is_a_violation(
 
 def test_a_requeue_answered_done_resets_the_attempt_to_exactly_1() -> None:
     rec = _rec("r", dead="ok", last_attempt=3)
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     pending = ledger.admin_sent(rec, "requeue", 10_000)
     ledger.admin_answered(rec, pending, "done", 10_010)
     assert rec.dead == "no" and rec.next_attempt == 1
@@ -110,7 +100,7 @@ def test_a_requeue_answered_done_resets_the_attempt_to_exactly_1() -> None:
 def test_a_known_dead_letter_answered_not_found_by_a_requeue_or_delete_is_a_violation() -> None:
     for action in ("requeue", "delete"):
         rec = _rec("r", dead="ok", last_attempt=3)
-        ledger = _ledger(rec)
+        ledger = harness_ledger(rec)
         pending = ledger.admin_sent(rec, action, 10_000)
         ledger.admin_answered(rec, pending, "not_found", 10_010)
         assert "but it was a dead letter" in _violations(ledger), action
@@ -137,7 +127,7 @@ _JOB_ID = "018f0000-0000-7000-8000-000000000001"
 def test_an_in_doubt_requeue_lets_the_recovered_state_reset_the_attempt_and_nothing_else() -> None:
     state = _state_with_job("r", _JOB_ID)  # Ready at attempt 1: the requeue applied
     rec = _rec("r", dead="ok", last_attempt=3, job_id=_JOB_ID)
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     ledger.admin_in_doubt(rec, ledger.admin_sent(rec, "requeue", 10_000))
     ledger.check_recovered(state, 20_000)
     assert not ledger.report.violations
@@ -145,7 +135,7 @@ def test_an_in_doubt_requeue_lets_the_recovered_state_reset_the_attempt_and_noth
 
     # The same state with no requeue sent: the attempt went back.
     lone = _rec("r", dead="ok", last_attempt=3, job_id=_JOB_ID)
-    bad = _ledger(lone)
+    bad = harness_ledger(lone)
     bad.check_recovered(state, 20_000)
     text = _violations(bad)
     assert "a dead letter came back" in text and "attempt went back" in text
@@ -153,7 +143,7 @@ def test_an_in_doubt_requeue_lets_the_recovered_state_reset_the_attempt_and_noth
     # Not applied after all: still the dead letter, and the doubt is settled.
     dead_state = _state_with_job("r", _JOB_ID, dead=True)
     kept = _rec("r", dead="ok", last_attempt=0, job_id=_JOB_ID)
-    still = _ledger(kept)
+    still = harness_ledger(kept)
     still.admin_in_doubt(kept, still.admin_sent(kept, "requeue", 10_000))
     still.check_recovered(dead_state, 20_000)
     assert not still.report.violations and kept.dead == "ok" and not kept.requeue_doubt
@@ -164,7 +154,7 @@ def test_an_in_doubt_requeue_lets_the_recovered_state_reset_the_attempt_and_noth
 
 def test_a_cancel_done_of_a_job_in_flight_for_sure_is_a_violation() -> None:
     rec = _rec("c", last_attempt=1, lease_attempt=1, lease_until=50_000, lease_deadline=50_000)
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     pending = ledger.admin_sent(rec, "cancel", 10_000)
     ledger.admin_answered(rec, pending, "done", 10_010)
     assert "but it was in flight (attempt 1) until 50000 for sure" in _violations(ledger)
@@ -173,7 +163,7 @@ def test_a_cancel_done_of_a_job_in_flight_for_sure_is_a_violation() -> None:
 def test_a_cancel_done_while_a_worker_acted_on_the_job_is_allowed() -> None:
     # A release by the worker (its answer not read yet) may have made it Ready.
     rec = _rec("c", last_attempt=1, lease_attempt=1, lease_until=50_000, lease_deadline=50_000)
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     pending = ledger.admin_sent(rec, "cancel", 10_000)
     rec.acting += 1
     rec.acts += 1
@@ -185,14 +175,14 @@ def test_a_cancel_done_while_a_worker_acted_on_the_job_is_allowed() -> None:
 
 def test_a_cancelled_job_delivered_again_or_recovered_is_a_violation() -> None:
     rec = _rec("c")
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     ledger.admin_answered(rec, ledger.admin_sent(rec, "cancel", 10_000), "done", 10_010)
     assert not ledger.report.violations
     ledger.delivered(_delivery(rec, 1, 10_020), LEASE)
     assert "delivered again after an acknowledged cancel" in _violations(ledger)
 
     again = _rec("c", job_id=_JOB_ID)
-    after = _ledger(again)
+    after = harness_ledger(again)
     after.admin_answered(again, after.admin_sent(again, "cancel", 10_000), "done", 10_010)
     after.check_recovered(_state_with_job("c", _JOB_ID), 20_000)
     assert "an acknowledged cancel was undone" in _violations(after)
@@ -201,7 +191,7 @@ def test_a_cancelled_job_delivered_again_or_recovered_is_a_violation() -> None:
 def test_not_found_for_a_job_that_surely_existed_is_a_violation_and_wrong_state_is_not() -> None:
     for outcome, caught in (("not_found", True), ("wrong_state", False)):
         rec = _rec("c", last_attempt=1, lease_attempt=1, lease_until=50_000)
-        ledger = _ledger(rec)
+        ledger = harness_ledger(rec)
         pending = ledger.admin_sent(rec, "dead_letter", 10_000)
         ledger.admin_answered(rec, pending, outcome, 10_010)
         assert ("but the job existed" in _violations(ledger)) is caught, outcome
@@ -210,7 +200,7 @@ def test_not_found_for_a_job_that_surely_existed_is_a_violation_and_wrong_state_
 
 def test_a_dead_letter_done_makes_the_job_a_dead_letter_the_drain_must_return() -> None:
     rec = _rec("d")
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     ledger.admin_answered(rec, ledger.admin_sent(rec, "dead_letter", 10_000), "done", 10_010)
     assert rec.dead == "ok" and not ledger.report.violations
     ledger.drained([])
@@ -219,7 +209,7 @@ def test_a_dead_letter_done_makes_the_job_a_dead_letter_the_drain_must_return() 
 
 def test_an_in_doubt_cancel_or_dead_letter_leaves_the_job_maybe_gone_or_maybe_dead() -> None:
     cancelled, dead = _rec("c"), _rec("d")
-    ledger = _ledger(cancelled, dead)
+    ledger = harness_ledger(cancelled, dead)
     ledger.admin_in_doubt(cancelled, ledger.admin_sent(cancelled, "cancel", 10_000))
     ledger.admin_in_doubt(dead, ledger.admin_sent(dead, "dead_letter", 10_000))
     assert cancelled.acked == "doubt" and dead.dead == "maybe"
@@ -235,7 +225,7 @@ def test_an_in_doubt_cancel_or_dead_letter_leaves_the_job_maybe_gone_or_maybe_de
 
 def test_a_delivery_decided_after_an_acknowledged_pause_is_a_violation() -> None:
     early, late, after = _rec("p1"), _rec("p2"), _rec("p3")
-    ledger = _ledger(early, late, after)
+    ledger = harness_ledger(early, late, after)
     before = ledger.pause_sent("cq0", True)
     ledger.delivered(_delivery(early, 1, 9_995), LEASE)  # while the pause is in flight
     ledger.pause_answered("cq0", True, before, True, True, 10_000)
@@ -249,7 +239,7 @@ def test_a_delivery_decided_after_an_acknowledged_pause_is_a_violation() -> None
 
 def test_a_delivery_while_a_resume_is_in_flight_is_allowed() -> None:
     rec = _rec("p")
-    ledger = _ledger(rec)
+    ledger = harness_ledger(rec)
     ledger.pause_answered("cq0", True, ledger.pause_sent("cq0", True), True, True, 10_000)
     before = ledger.pause_sent("cq0", False)
     ledger.delivered(_delivery(rec, 1, 10_500), LEASE)  # the resume's answer not read yet
@@ -258,18 +248,18 @@ def test_a_delivery_while_a_resume_is_in_flight_is_allowed() -> None:
 
 
 def test_a_pause_or_resume_answer_must_say_whether_it_changed_anything() -> None:
-    ledger = _ledger()
+    ledger = harness_ledger()
     ledger.pause_answered("cq0", True, ledger.pause_sent("cq0", True), True, False, 10_000)
     assert "answered changed=False, the queue was running" in _violations(ledger)
 
 
 def test_an_acknowledged_pause_must_survive_the_crash() -> None:
-    ledger = _ledger(_rec("x", job_id=_JOB_ID))
+    ledger = harness_ledger(_rec("x", job_id=_JOB_ID))
     ledger.pause_answered("cq0", True, ledger.pause_sent("cq0", True), True, True, 10_000)
     ledger.check_recovered(_state_with_job("x", _JOB_ID), 20_000)
     assert "queue cq0: paused=False in the recovered state" in _violations(ledger)
 
-    kept = _ledger(_rec("x", job_id=_JOB_ID))
+    kept = harness_ledger(_rec("x", job_id=_JOB_ID))
     kept.pause_answered("cq0", True, kept.pause_sent("cq0", True), True, True, 10_000)
     kept.check_recovered(_state_with_job("x", _JOB_ID, paused=True), 20_000)
     assert not kept.report.violations
@@ -278,7 +268,7 @@ def test_an_acknowledged_pause_must_survive_the_crash() -> None:
 
 def test_an_in_doubt_pause_is_what_the_recovered_state_says() -> None:
     for paused in (False, True):
-        ledger = _ledger(_rec("x", job_id=_JOB_ID))
+        ledger = harness_ledger(_rec("x", job_id=_JOB_ID))
         ledger.pause_sent("cq0", True)
         ledger.pause_in_doubt("cq0")
         ledger.check_recovered(_state_with_job("x", _JOB_ID, paused=paused), 20_000)
@@ -292,14 +282,14 @@ def test_an_in_doubt_pause_is_what_the_recovered_state_says() -> None:
 def test_a_purge_must_count_exactly_the_jobs_of_the_purge_queue() -> None:
     recs = [_rec(f"q{i}", PURGE_QUEUE) for i in range(3)]
     dead = _rec("qd", PURGE_QUEUE, dead="ok")
-    ledger = _ledger(*recs, dead)
+    ledger = harness_ledger(*recs, dead)
     sure, maybe = ledger.purge_candidates()
     assert sorted(r.tag for r in sure) == ["q0", "q1", "q2"] and not maybe
     ledger.purged(sure, maybe, 3, 0)
     assert not ledger.report.violations
     assert all(r.acked == "ok" and r.removed == "purge" for r in recs) and dead.acked == "no"
 
-    short = _ledger(*[_rec(f"q{i}", PURGE_QUEUE) for i in range(3)])
+    short = harness_ledger(*[_rec(f"q{i}", PURGE_QUEUE) for i in range(3)])
     sure, maybe = short.purge_candidates()
     short.purged(sure, maybe, 2, 0)
     assert "purge of cpurge answered purged=2 remaining=0" in _violations(short)
@@ -307,7 +297,7 @@ def test_a_purge_must_count_exactly_the_jobs_of_the_purge_queue() -> None:
 
 def test_a_purge_may_count_a_job_whose_enqueue_is_in_doubt() -> None:
     doubt = _rec("q1", PURGE_QUEUE, enq="doubt")
-    ledger = _ledger(_rec("q0", PURGE_QUEUE), doubt)
+    ledger = harness_ledger(_rec("q0", PURGE_QUEUE), doubt)
     sure, maybe = ledger.purge_candidates()
     ledger.purged(sure, maybe, 2, 0)
     assert not ledger.report.violations and doubt.acked == "doubt"
