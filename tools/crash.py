@@ -1158,25 +1158,40 @@ class Workload:
                     rec.enq = "no"
                 continue
             except SeppError as exc:
-                if not _in_doubt(exc):
-                    for _, rec in pairs:
-                        rec.enq = "no"
-                    self.refused(exc)
-                    continue
-                self.h.report.stats["in_doubt_enqueue"] += 1
-                ledger.outcome()
+                self._enqueue_failed(pairs, exc)
                 continue
-            ledger.outcome()
-            for (_, rec), result in zip(pairs, results, strict=True):
-                if not isinstance(result, EnqueueAck):
-                    ledger.violation(f"{rec.tag}: rejected: {result}")
-                    rec.enq = "no"
-                    continue
-                ledger.check(not result.deduplicated, f"{rec.tag}: fresh key deduplicated")
-                rec.enq = "ok"
-                rec.seen = True
-                ledger.learn_id(rec, result.job_id)
+            for rec, ack in self._enqueued(pairs, results):
+                ledger.check(not ack.deduplicated, f"{rec.tag}: fresh key deduplicated")
                 ledger.key_durable(rec)
+
+    def _enqueue_failed(self, pairs: list[tuple[EnqueueRequest, JobRec]], exc: SeppError) -> None:
+        """An enqueue that raised: refused (none of `pairs` enqueued) or in doubt."""
+        if not _in_doubt(exc):
+            for _, rec in pairs:
+                rec.enq = "no"
+            self.refused(exc)
+        else:
+            self.ledger.outcome()
+            self.h.report.stats["in_doubt_enqueue"] += 1
+
+    def _enqueued(
+        self, pairs: list[tuple[EnqueueRequest, JobRec]], results: list[Any]
+    ) -> list[tuple[JobRec, EnqueueAck]]:
+        """An enqueue's answers, one per pair, into the ledger: each acknowledged job
+        enqueued with its id, any other answer a violation. Returns the acknowledged."""
+        ledger = self.ledger
+        ledger.outcome()
+        acked: list[tuple[JobRec, EnqueueAck]] = []
+        for (_, rec), result in zip(pairs, results, strict=True):
+            if not isinstance(result, EnqueueAck):
+                ledger.violation(f"{rec.tag}: rejected: {result}")
+                rec.enq = "no"
+                continue
+            rec.enq = "ok"
+            rec.seen = True
+            ledger.learn_id(rec, result.job_id)
+            acked.append((rec, result))
+        return acked
 
     async def dedup_one(self, client: SeppClient, op: int) -> bool:
         """Re-enqueue a known durable key: must answer the original id, deduplicated."""
@@ -1533,23 +1548,9 @@ class Workload:
         try:
             results = await client.enqueue_batch([req for req, _ in pairs])
         except SeppError as exc:
-            if not _in_doubt(exc):
-                for _, rec in pairs:
-                    rec.enq = "no"
-                self.refused(exc)
-            else:
-                ledger.outcome()
-                self.h.report.stats["in_doubt_enqueue"] += 1
+            self._enqueue_failed(pairs, exc)
             return
-        ledger.outcome()
-        for (_, rec), result in zip(pairs, results, strict=True):
-            if not isinstance(result, EnqueueAck):
-                ledger.violation(f"{rec.tag}: rejected: {result}")
-                rec.enq = "no"
-                continue
-            rec.enq = "ok"
-            rec.seen = True
-            ledger.learn_id(rec, result.job_id)
+        self._enqueued(pairs, results)
 
     async def purge(self, client: SeppClient) -> None:
         ledger = self.ledger
