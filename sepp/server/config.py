@@ -464,13 +464,18 @@ def _coerce_api_keys(where: str, value: Any) -> list[dict[str, str]] | None:
         if type(name) is not str or not name or type(key) is not str or not key:
             raise ConfigError(f"{where}[{i}]", "name and key must be non-empty strings")
         keys.append({"name": name, "key": key})
+    _check_unique(where, keys)
+    return keys
+
+
+def _check_unique(where: str, keys: list[dict[str, str]]) -> None:
+    """No two keys share a name or a secret."""
     names = [k["name"] for k in keys]
     secrets = [k["key"] for k in keys]
     if len(set(names)) != len(names):
         raise ConfigError(where, "key names must be unique")
     if len(set(secrets)) != len(secrets):
         raise ConfigError(where, "keys must be unique")
-    return keys
 
 
 def _coerce_admin_keys(where: str, value: Any) -> list[dict[str, str]] | None:
@@ -494,12 +499,7 @@ def _coerce_admin_keys(where: str, value: Any) -> list[dict[str, str]] | None:
                 f"{where}[{i}].role", f"must be one of {', '.join(ADMIN_ROLES)}, got {role!r}"
             )
         keys.append({"name": name, "key": key, "role": role})
-    names = [k["name"] for k in keys]
-    secrets = [k["key"] for k in keys]
-    if len(set(names)) != len(names):
-        raise ConfigError(where, "key names must be unique")
-    if len(set(secrets)) != len(secrets):
-        raise ConfigError(where, "keys must be unique")
+    _check_unique(where, keys)
     return keys
 
 
