@@ -173,10 +173,7 @@ def _run(
     except UsageError as exc:
         print(f"sepp {name}: {exc}", file=sys.stderr)
         return 2
-    except RefusedError as exc:
-        print(f"sepp {name}: {exc}", file=sys.stderr)
-        return 1
-    except SeppError as exc:
+    except (RefusedError, SeppError) as exc:
         print(f"sepp {name}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
