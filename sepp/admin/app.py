@@ -34,6 +34,7 @@ from sepp.admin.auth import (
     is_loopback_address,
 )
 from sepp.admin.backup import add_backup_routes
+from sepp.admin.console import add_console_routes, console_headers
 from sepp.admin.events import EVENTS_KEY, events_handler
 from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 from sepp.server.service import SeppService
@@ -64,7 +65,7 @@ def build_app(service: SeppService, *, api: bool = False, loopback: bool = True)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(
-        middlewares=[api_middleware],
+        middlewares=[console_headers, api_middleware],
         client_max_size=service.config.get("limits", "max_message_bytes"),
     )
     app[SERVICE_KEY] = service
@@ -83,6 +84,7 @@ def build_app(service: SeppService, *, api: bool = False, loopback: bool = True)
         app.router.add_get(API_PREFIX + "/events", events.handle)
         app.on_shutdown.append(events.on_shutdown)  # ends the streams
         add_backup_routes(app, service)
+        add_console_routes(app, service)  # the web console (console.py): /, /jobs/...
     return app
 
 

@@ -201,6 +201,10 @@ def require(request: web.Request, operation: str) -> Principal:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The console's session lookup (console.session_principal): the principal of the
+# request's session cookie, or None; raises ApiError for a cross-site mutation.
+SessionLookup = Callable[[web.Request], "Principal | None"]
+SESSION_LOOKUP_KEY: web.AppKey[SessionLookup] = web.AppKey("sepp_session_lookup")
 
 
 @web.middleware
@@ -211,7 +215,11 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         return await handler(request)
     app = request.app
     try:
-        request[PRINCIPAL_KEY] = authenticate(
+        # A browser's session cookie (the console, console.py) when it sends no
+        # Authorization header; it refuses a browser's cross-site mutation (403).
+        lookup = app.get(SESSION_LOOKUP_KEY)
+        session = lookup(request) if lookup is not None else None
+        request[PRINCIPAL_KEY] = session or authenticate(
             app[SERVICE_KEY].admin_keys, request.headers.get("Authorization"), app[LOOPBACK_KEY]
         )
         if app[SERVICE_KEY].engine is None:

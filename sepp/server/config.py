@@ -231,6 +231,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
                 "# ]",
             ),
         ),
+        # The web console (sepp/admin/console.py); both read live.
+        "session_ttl_ms": Key(
+            "int", 12 * 3600 * 1000, "web console: a browser session's lifetime", 60_000
+        ),
+        "stats_history_ms": Key(
+            "int",
+            3600 * 1000,
+            "web console: the dashboard's in-memory history (one sample a second per "
+            "queue; at most 6 h are kept)",
+            60_000,
+        ),
     },
     "metrics": {
         "listen_addr": Key(
