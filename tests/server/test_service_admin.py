@@ -63,10 +63,11 @@ CALLS: dict[str, Callable[[SeppService, Principal], tuple[Any, int]]] = {
     "events": lambda s, p: (s._denied(p, "events"), 0),
     "enqueue_jobs": lambda s, p: (s._denied(p, "enqueue_jobs"), 0),
     "server_info": lambda s, p: (s._denied(p, "server_info"), 0),
+    "backup": lambda s, p: (s._denied(p, "backup"), 0),
 }
 # The rows above that only the admin API's `require` checks: no service call that
 # could refuse while stopping.
-REQUIRE_ONLY = {"audit", "events", "enqueue_jobs", "server_info"}
+REQUIRE_ONLY = {"audit", "events", "enqueue_jobs", "server_info", "backup"}
 
 
 def test_every_admin_operation_has_a_row_in_the_role_table():
