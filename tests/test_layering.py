@@ -95,6 +95,7 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "sepp.server.pipeline",
             # The audit trail's log reader (GET /audit is its front).
             "sepp.server.audit_trail",
+            "sepp.server.job_timeline",
             "sepp.core",
             "sepp._version",
         ),

@@ -2,8 +2,9 @@
 human and JSON renderings, and the small index from job id to queue that filters
 by queue without holding the whole state.
 
-Owns: `event_name`, `event_fields`, `human_fields`, `json_fields`, `parse_types`,
-`JobQueues`.
+Owns: `human_fields`, `json_fields`, `parse_types`, `JobQueues`; `event_name`,
+`event_fields` and `job_id_of` are sepp.storage.events_view's (the server's job
+timeline decodes events with the same functions).
 
 Promises: names come from `log_format`'s catalogue (FORMAT.md section 7), so the
 tools show exactly what the format documents; an event the catalogue does not know
@@ -24,6 +25,8 @@ from typing import Any
 from log_format import CATALOGUE, EVENT_SPECS_BY_TYPE
 from sepp.core.events import CAUSE_NAMES
 from sepp.core.state import State
+from sepp.storage.events_view import event_fields, event_name, job_id_of
+from sepp.storage.events_view import spec_fits as _spec_fits
 
 from .output import UsageError, format_time_ms
 
@@ -33,6 +36,7 @@ __all__ = [
     "event_fields",
     "event_name",
     "human_fields",
+    "job_id_of",
     "json_fields",
     "parse_types",
 ]
@@ -59,34 +63,8 @@ _QUEUE_DEFINED = 19
 _QUEUE_DELETED = 20
 # Events about a queue (their first field is its name), not one job.
 _QUEUE_EVENTS = (_DEDUP_EXPIRED, _QUEUE_PAUSED, _QUEUE_RESUMED, _QUEUE_DEFINED, _QUEUE_DELETED)
-# Events whose first field is not a job id.
-_NOT_ABOUT_ONE_JOB = frozenset((*_QUEUE_EVENTS, _ADMIN_ACTION))
-
-
-def _spec_fits(event: list[Any]) -> bool:
-    spec = EVENT_SPECS_BY_TYPE.get(event[0]) if type(event[0]) is int else None
-    return spec is not None and event[1] == spec.version and len(event) - 2 == len(spec.fields)
-
-
-def event_name(event: list[Any]) -> str:
-    """`JobEnqueued`, or `unknown event type <id>`."""
-    spec = EVENT_SPECS_BY_TYPE.get(event[0]) if type(event[0]) is int else None
-    return spec.name if spec is not None else f"event type {event[0]!r:.20}"
-
-
-def event_fields(event: list[Any]) -> dict[str, Any]:
-    """The fields by catalogue name; `{"raw": [...]}` for an event the catalogue
-    does not describe (unknown type, other version or arity)."""
-    if not _spec_fits(event):
-        return {"version": event[1], "raw": event[2:]}
-    spec = EVENT_SPECS_BY_TYPE[event[0]]
-    return {f.name: value for f, value in zip(spec.fields, event[2:])}
-
-
-def job_id_of(event: list[Any]) -> str | None:
-    if event[0] in _NOT_ABOUT_ONE_JOB or len(event) < 3 or type(event[2]) is not str:
-        return None
-    return event[2]
+# Events whose first field is not a job id: sepp.storage.events_view's
+# NOT_ABOUT_ONE_JOB (job_id_of); _QUEUE_EVENTS and the AdminAction header.
 
 
 def _human_value(name: str, value: Any) -> str:

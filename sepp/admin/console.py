@@ -59,8 +59,10 @@ from sepp.admin.auth import (
     bearer_token,
     match_key,
 )
+from sepp.core.events import CAUSE_NAMES
 from sepp.core.reads import JobInfo, JobPage, QueueInfo
 from sepp.core.results import CommandError
+from sepp.server.job_timeline import Timeline, job_timeline
 from sepp.server.service import LOCAL_ADMIN, Principal, SeppService, role_allows
 
 log = logging.getLogger("sepp.admin")
@@ -628,15 +630,57 @@ def field_rows(info: JobInfo) -> str:
     return f'<table class="fields">{"".join(rows)}</table>'
 
 
+def timeline_value(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and name.endswith("_at"):
+        return fmt_ms(value)
+    if name == "cause" and isinstance(value, int):
+        return CAUSE_NAMES.get(value, str(value))
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=repr, ensure_ascii=False)
+    return str(value)
+
+
+def timeline_html(timeline: Timeline) -> str:
+    """The job's events from the log, oldest first (job_timeline.py)."""
+    items = []
+    for entry in timeline.entries:
+        details = " ".join(
+            f'<span class="kv"><b>{esc(k)}</b>={esc(timeline_value(k, v))}</span>'
+            for k, v in entry.fields.items()
+            if v is not None
+        )
+        items.append(
+            f'<li data-event="{esc(entry.name)}"><time>{esc(fmt_ms(entry.time_ms))}</time> '
+            f"<strong>{esc(entry.name)}</strong> <small>seq {entry.seq}</small> {details}</li>"
+        )
+    notes = []
+    if timeline.entries and not timeline.complete:
+        notes.append("<p>The log's retention removed this job's earlier events.</p>")
+    if timeline.capped:
+        notes.append(f"<p>The first {len(timeline.entries)} events are shown.</p>")
+    if not timeline.entries:
+        notes.append("<p>No event of this job is in the durable log.</p>")
+    return f'<ol id="timeline" class="timeline">{"".join(items)}</ol>{"".join(notes)}'
+
+
 async def job_page(request: web.Request) -> web.StreamResponse:
     principal = _principal_or_login(request)
     service = request.app[SERVICE_KEY]
     job_id = request.match_info["id"]
     info = await _read(service, service.get_job(principal, job_id))
+    timeline = await job_timeline(service, job_id)
+    history = "<h2>Timeline</h2>" + timeline_html(timeline)
     if info is None:
+        if timeline.entries:
+            body = "<p>This job is gone (acked, deleted or drained); its history:</p>" + history
+            return html_response(layout(f"Job {job_id}", principal, body))
         body = f"<p>No job {esc(job_id)} (never enqueued, or gone: acked, deleted).</p>"
         return html_response(layout(f"Job {job_id}", principal, body), 404)
-    parts = [field_rows(info), "<h2>Payload</h2>"]
+    parts = [field_rows(info), history, "<h2>Payload</h2>"]
     if info.payload_data is None:
         parts.append("<p>none</p>")
     else:

@@ -18,7 +18,9 @@ import pytest
 from sepp.admin import console
 from sepp.admin.console import CSP, SESSION_COOKIE, StatsHistory, payload_view
 from sepp.server.config import AdminKey
-from tests.inprocess import in_process, in_process_config
+from sepp.server.job_timeline import job_timeline
+from tests.inprocess import address_of, in_process, in_process_config
+from tests.server.conftest import connect
 from tests.server.test_admin_api import (
     ADMIN_KEY,
     ADMIN_ON,
@@ -365,3 +367,83 @@ def test_the_history_is_bounded_by_stats_history_ms_and_averaged_down_to_the_spa
 
 def test_the_history_never_keeps_more_than_six_hours():
     assert StatsHistory(_FakeService(10**9)).capacity == 6 * 3600  # type: ignore[arg-type]
+
+
+# -- the job's timeline from the log -----------------------------------------------------------
+
+
+def _timeline_events(text: str) -> list[str]:
+    match = re.search(r'<ol id="timeline"[^>]*>(.*?)</ol>', text, re.S)
+    assert match is not None, text
+    return re.findall(r'<li data-event="([A-Za-z]+)">', match.group(1))
+
+
+async def test_the_job_page_shows_the_jobs_whole_life_from_the_log():
+    async with console_server() as b:
+        (job_id,) = await enqueue_native(b.api, "q", 1)
+        client = await connect(address_of(b.api.server))
+        try:
+            (delivered,) = await client.reserve(["q"])
+            await client.nack(delivered, reason="boom")
+        finally:
+            await client.close()
+        api = b.api
+        status, body, _ = await api.call(
+            "POST", "/queues/q/jobs:dead-letter", {"ids": [job_id], "reason": "triage"}
+        )
+        assert status == 200, body
+        status, body, _ = await api.call(
+            "POST", "/queues/q/dead-letters:requeue", {"ids": [job_id]}
+        )
+        assert status == 200, body
+        status, text, _ = await b.request("GET", f"/jobs/{job_id}")
+        assert status == 200
+        assert _timeline_events(text) == [
+            "JobEnqueued",
+            "JobReserved",
+            "JobNacked",
+            "AdminAction",
+            "JobDeadLettered",
+            "AdminAction",
+            "DeadLetterRequeued",
+        ]
+        assert "<b>reason</b>=boom" in text  # the nack's reason
+        assert "<b>actor</b>=local" in text and "<b>reason</b>=triage" in text
+        assert "<b>cause</b>=admin" in text  # the cause by name
+        assert "earlier events" not in text
+
+
+async def test_an_acked_job_has_no_state_but_its_page_still_shows_its_history():
+    async with console_server() as b:
+        (job_id,) = await enqueue_native(b.api, "q", 1)
+        client = await connect(address_of(b.api.server))
+        try:
+            (delivered,) = await client.reserve(["q"])
+            await client.ack(delivered)
+        finally:
+            await client.close()
+        status, text, _ = await b.request("GET", f"/jobs/{job_id}")
+        assert status == 200 and "This job is gone" in text
+        assert _timeline_events(text) == ["JobEnqueued", "JobReserved", "JobAcked"]
+
+
+async def test_the_timeline_is_capped_at_max_entries_and_says_so():
+    async with console_server() as b:
+        (job_id,) = await enqueue_native(b.api, "q", 1)
+        client = await connect(address_of(b.api.server))
+        try:
+            for _ in range(2):
+                (delivered,) = await client.reserve(["q"])
+                await client.nack(delivered, reason="again")
+        finally:
+            await client.close()
+        service = b.api.server.service
+        timeline = await job_timeline(service, job_id, max_entries=3)
+        assert timeline.capped and [e.name for e in timeline.entries] == [
+            "JobEnqueued",
+            "JobReserved",
+            "JobNacked",
+        ]
+        full = await job_timeline(service, job_id)
+        assert not full.capped and len(full.entries) == 5 and full.complete
+        assert (await job_timeline(service, "no-such-job")).entries == []

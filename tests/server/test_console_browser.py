@@ -276,7 +276,7 @@ def test_the_dashboard_shows_five_new_jobs_within_two_seconds_without_a_reload(c
     assert console.console_errors() == []
 
 
-def test_the_job_page_shows_the_decoded_payload(console: Console):
+def test_the_job_page_shows_the_decoded_payload_and_the_timeline(console: Console):
     server = console.server
     data = b'{"order":42,"lines":[{"sku":"A-1","qty":2}]}'
     (job_id,) = server.enqueue(
@@ -295,6 +295,15 @@ def test_the_job_page_shows_the_decoded_payload(console: Console):
     assert '"order": 42' in payload and '"sku": "A-1"' in payload
     assert console.find('td[data-field="state"]').text == "ready"
     assert "acme" in console.find("table.custom").text
+    # The timeline from the log: its enqueue, and a reserve once a worker takes it.
+    assert [
+        e.get_attribute("data-event")
+        for e in console.d.find_elements(By.CSS_SELECTOR, "#timeline li")
+    ] == ["JobEnqueued"]
+    server.reserve("orders")
+    console.d.refresh()
+    events = console.d.find_elements(By.CSS_SELECTOR, "#timeline li")
+    assert [e.get_attribute("data-event") for e in events] == ["JobEnqueued", "JobReserved"]
     console.shoot("job")
     assert console.console_errors() == []
 
