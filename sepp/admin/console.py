@@ -422,6 +422,7 @@ def queue_card(q: QueueInfo, spark: list[int]) -> str:
             ("inflight", "in flight", q.inflight),
             ("dead_letter", "dead", q.dead_letter),
             ("enqueued_per_s", "enq/s", 0),
+            ("acked_per_s", "ack/s", 0),
             ("dead_lettered_per_s", "dead/s", 0),
         )
     )

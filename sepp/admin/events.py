@@ -7,7 +7,7 @@ The stream (`text/event-stream`):
 - `event: stats`, once every EVENTS_INTERVAL_S (and once at once when a stream
   opens): `{"time_ms", "interval_s", "serving", "durable_seq", "queues": {name:
   {"ready", "scheduled", "inflight", "dead_letter", "paused", "enqueued_per_s",
-  "dead_lettered_per_s"}}, "rates": {"enqueued", "reserved", "acked", "nacked",
+  "acked_per_s", "dead_lettered_per_s"}}, "rates": {"enqueued", "reserved", "acked", "nacked",
   "dead_lettered", "deduplicated", "rejected", "promoted", "lease_expired",
   "reserve_empty"}}`; rates are per second over the last interval, from the exact
   counters /metrics renders (sepp/server/metrics.py, counted by Engine.observer),
@@ -93,7 +93,10 @@ class EventsHub:
         self._next = asyncio.Event()  # set (and replaced) by each tick and by close
         self._task: asyncio.Task[None] | None = None
         # (loop time, counters) of the previous snapshot, for the rates.
-        self._previous: tuple[float, dict[str, int], dict[str, int], dict[str, int]] | None = None
+        # (loop time, totals, enqueued, dead-lettered, acked by queue) of the last tick
+        self._previous: (
+            tuple[float, dict[str, int], dict[str, int], dict[str, int], dict[str, int]] | None
+        ) = None
 
     # -- streams -----------------------------------------------------------------------
 
@@ -149,11 +152,12 @@ class EventsHub:
         loop_time = asyncio.get_running_loop().time()
         totals = {name: _total(getattr(m, name)) for name in _RATES}
         enqueued = dict(m.enqueued)
+        acked = dict(m.acked_by_queue)
         dead: dict[str, int] = {}
         for (queue, _cause), count in m.dead_lettered.items():
             dead[queue] = dead.get(queue, 0) + count
         previous = self._previous
-        self._previous = (loop_time, totals, enqueued, dead)
+        self._previous = (loop_time, totals, enqueued, dead, acked)
         elapsed = loop_time - previous[0] if previous is not None else 0.0
 
         def rate(now: int, before: int) -> float:
@@ -191,6 +195,9 @@ class EventsHub:
                 )
                 row["dead_lettered_per_s"] = rate(
                     dead.get(key, 0), previous[3].get(key, 0) if previous else dead.get(key, 0)
+                )
+                row["acked_per_s"] = rate(
+                    acked.get(key, 0), previous[4].get(key, 0) if previous else acked.get(key, 0)
                 )
         return {
             "time_ms": service.now_ms(),

@@ -92,6 +92,8 @@ class ServerMetrics:
         self.enqueued: dict[str, int] = {}
         self.reserved = 0
         self.acked = 0
+        # queue label -> acks (the web console's per-queue ack rate, via /events)
+        self.acked_by_queue: dict[str, int] = {}
         self.nacked = 0
         # (queue label, cause name) -> count
         self.dead_lettered: dict[tuple[str, str], int] = {}
@@ -137,6 +139,9 @@ class ServerMetrics:
                 self.reserved += 1
             elif kind is JobAcked:
                 self.acked += 1
+                acked = state.jobs.get(event.job_id)
+                label = OTHER_QUEUE if acked is None else self.queue_label(acked.queue)
+                self.acked_by_queue[label] = self.acked_by_queue.get(label, 0) + 1
             elif kind is JobEnqueued:
                 label = self.queue_label(event.queue)
                 self.enqueued[label] = self.enqueued.get(label, 0) + 1

@@ -294,6 +294,7 @@ async def test_an_event_stream_sends_the_queue_depths_once_a_second(tmp_path):
                     "dead_letter": 0,
                     "paused": False,
                     "enqueued_per_s": stats["queues"]["q"]["enqueued_per_s"],
+                    "acked_per_s": 0.0,
                     "dead_lettered_per_s": 0.0,
                 }
                 assert stats["queues"]["later"]["scheduled"] == 1
@@ -313,6 +314,26 @@ async def test_rates_are_the_counters_difference_over_the_interval(tmp_path):
             # Exact: 5 jobs over the interval the event reports.
             assert stats["rates"]["enqueued"] == pytest.approx(5 / stats["interval_s"], rel=1e-2)
             assert stats["queues"]["q"]["enqueued_per_s"] == stats["rates"]["enqueued"]
+        await client.close()
+
+
+async def test_a_queues_ack_rate_is_its_acks_over_the_interval(tmp_path):
+    async with real_server(real_config(tmp_path)) as server:
+        client = await connect(address_of(server))
+        # One job left in each (a queue without jobs leaves the snapshot).
+        await client.enqueue(*(job("q") for _ in range(5)))
+        await client.enqueue(job("other"), job("other"))
+        async with aiohttp.ClientSession() as session:
+            stream = await open_stream(session, server)
+            await stream.next_stats()  # the baseline
+            for queue, count in (("q", 4), ("other", 1)):
+                for delivered in await client.reserve([queue], max_jobs=count):
+                    await client.ack(delivered)
+            stats = await stream.next_stats()
+            per_s = stats["interval_s"]
+            assert stats["queues"]["q"]["acked_per_s"] == pytest.approx(4 / per_s, rel=1e-2)
+            assert stats["queues"]["other"]["acked_per_s"] == pytest.approx(1 / per_s, rel=1e-2)
+            assert stats["rates"]["acked"] == pytest.approx(5 / per_s, rel=1e-2)
         await client.close()
 
 

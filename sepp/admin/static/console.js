@@ -5,7 +5,7 @@
 
 const API = "/admin/api/v1";
 const FIELDS = ["ready", "scheduled", "inflight", "dead_letter"];
-const RATES = ["enqueued_per_s", "dead_lettered_per_s"];
+const RATES = ["enqueued_per_s", "acked_per_s", "dead_lettered_per_s"];
 
 function flash(text, isError) {
   const el = document.getElementById("flash");
@@ -136,7 +136,7 @@ function newCard(name) {
   mark.className = "pause-mark";
   h2.append(a, mark);
   const dl = document.createElement("dl");
-  const labels = { ready: "ready", scheduled: "scheduled", inflight: "in flight", dead_letter: "dead", enqueued_per_s: "enq/s", dead_lettered_per_s: "dead/s" };
+  const labels = { ready: "ready", scheduled: "scheduled", inflight: "in flight", dead_letter: "dead", enqueued_per_s: "enq/s", acked_per_s: "ack/s", dead_lettered_per_s: "dead/s" };
   for (const field of [...FIELDS, ...RATES]) {
     const div = document.createElement("div");
     const dt = document.createElement("dt");
@@ -192,6 +192,13 @@ function dashboard() {
     live.className = data.serving ? "live on" : "live off";
     const rates = document.getElementById("rates");
     rates.textContent = `acked ${data.rates.acked}/s · reserved ${data.rates.reserved}/s · enqueued ${data.rates.enqueued}/s`;
+    // A queue that has no job left leaves the snapshot: its card shows zeros
+    // (unless queues past the label limit are summed under "_other").
+    for (const card of cards.querySelectorAll("section[data-queue]")) {
+      if (!(card.dataset.queue in data.queues) && !("_other" in data.queues)) {
+        for (const dd of card.querySelectorAll("dd[data-field]")) dd.textContent = "0";
+      }
+    }
     for (const [name, row] of Object.entries(data.queues)) {
       let card = cards.querySelector(`section[data-queue="${CSS.escape(name)}"]`);
       if (!card) card = newCard(name);
