@@ -276,6 +276,23 @@ def test_the_dashboard_shows_five_new_jobs_within_two_seconds_without_a_reload(c
     assert console.console_errors() == []
 
 
+def test_the_dashboard_reconnects_by_itself_after_a_server_restart(driver: Any, artefacts: Path):
+    # Without keys (loopback, local admin): no session to lose in the restart.
+    with ServerThread() as first:
+        first.enqueue("before", 1)
+        console = Console(driver, first, artefacts)
+        console.open("/")
+        console.wait(ec.text_to_be_present_in_element((By.ID, "live"), "live"))
+        host_port = first.base.removeprefix("http://")
+    console.wait(ec.text_to_be_present_in_element((By.ID, "live"), "reconnecting"))
+    with ServerThread(admin__listen_addr=host_port) as second:
+        second.enqueue("after", 3)
+        card = (By.CSS_SELECTOR, 'section[data-queue="after"] dd[data-field="ready"]')
+        console.wait(ec.text_to_be_present_in_element(card, "3"))
+        assert console.find("#live").text == "live"
+    driver.get_log("browser")  # the refused connections while it was down
+
+
 def test_the_job_page_shows_the_decoded_payload_and_the_timeline(console: Console):
     server = console.server
     data = b'{"order":42,"lines":[{"sku":"A-1","qty":2}]}'

@@ -233,7 +233,15 @@ function dashboard() {
       // then start a new one (after a restart the session may be gone).
       if (source.readyState === EventSource.CLOSED) {
         source.close();
-        window.setTimeout(connect, 2000);
+        fetch("/console/history?window=60000", { credentials: "same-origin" })
+          .then((response) => {
+            if (response.status === 401) {
+              window.location.href = "/login?next=%2F";
+            } else {
+              window.setTimeout(connect, 2000);
+            }
+          })
+          .catch(() => window.setTimeout(connect, 2000));
       }
     });
   }
