@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 
 from aiohttp import web
 
@@ -40,6 +41,9 @@ from sepp.admin.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 from sepp.server.service import SeppService
 
 log = logging.getLogger("sepp.admin")
+
+# True when the listener serving the app terminates TLS ([admin] tls_cert_path).
+TLS_KEY = web.AppKey("sepp.tls", bool)
 
 
 def build_app(service: SeppService, *, api: bool = False, loopback: bool = True) -> web.Application:
@@ -110,9 +114,13 @@ class AdminListener:
     log lines and errors; both serve the routes that need no auth, and only
     "admin" the admin API."""
 
-    def __init__(self, service: SeppService, name: str = "admin") -> None:
+    def __init__(
+        self, service: SeppService, name: str = "admin", ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.service = service
         self.name = name
+        # [admin] tls_cert_path / tls_key_path: the listener terminates TLS (https).
+        self.ssl_context = ssl_context
         self.address: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
 
@@ -124,10 +132,12 @@ class AdminListener:
             api=self.name == "admin",
             loopback=is_loopback_address(sock.getsockname()[0]),
         )
+        # Whether this listener terminates TLS (a session cookie is then Secure).
+        app[TLS_KEY] = self.ssl_context is not None
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         try:
             await runner.setup()
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=self.ssl_context).start()
         except BaseException:
             await runner.cleanup()
             sock.close()
@@ -135,7 +145,8 @@ class AdminListener:
         self._runner = runner
         bound = sock.getsockname()
         self.address = (bound[0], bound[1])
-        log.info("%s listening on %s:%d", self.name, *self.address)
+        tls = " (TLS)" if self.ssl_context is not None else ""
+        log.info("%s listening on %s:%d%s", self.name, *self.address, tls)
         return self.address
 
     async def stop(self) -> None:

@@ -64,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
         # Read the TLS files now, before recovery, so a missing or mismatched
         # file is one line naming the setting and the file.
         load_tls_context(config)
+        load_tls_context(config, "admin")
     except ConfigError as exc:
         print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
         return 1
@@ -95,7 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
         if server.admin_address is not None:
             admin_host, admin_port = server.admin_address
             admin_shown = f"[{admin_host}]" if ":" in admin_host else admin_host
-            print(f"sepp admin on http://{admin_shown}:{admin_port}", flush=True)
+            scheme = "https" if server.admin is not None and server.admin.ssl_context else "http"
+            print(f"sepp admin on {scheme}://{admin_shown}:{admin_port}", flush=True)
         if server.metrics_address is not None:
             metrics_host, metrics_port = server.metrics_address
             metrics_shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host

@@ -231,6 +231,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                 "# ]",
             ),
         ),
+        "tls_cert_path": Key(
+            "opt_str", None, "PEM certificate of the admin listener (https); set both or neither"
+        ),
+        "tls_key_path": Key("opt_str", None, "PEM private key of the admin listener"),
         # The web console (sepp/admin/console.py); both read live.
         "session_ttl_ms": Key(
             "int", 12 * 3600 * 1000, "web console: a browser session's lifetime", 60_000
@@ -669,12 +673,13 @@ def _cross_validate(config: ServerConfig) -> None:
                 "auth.api_keys_file", "set auth.api_keys or auth.api_keys_file, not both"
             )
         auth["api_keys"] = read_api_keys_file(auth["api_keys_file"])
-    server = config.values["server"]
-    if (server["tls_cert_path"] is None) != (server["tls_key_path"] is None):
-        raise ConfigError(
-            "server.tls_key_path", "tls_cert_path and tls_key_path must be set together"
-        )
-    parse_listen(server["listen_addr"])
+    for section in ("server", "admin"):
+        values = config.values[section]
+        if (values["tls_cert_path"] is None) != (values["tls_key_path"] is None):
+            raise ConfigError(
+                f"{section}.tls_key_path", "tls_cert_path and tls_key_path must be set together"
+            )
+    parse_listen(config.values["server"]["listen_addr"])
     config.metrics_listen  # noqa: B018 - validates metrics.listen_addr
     config.grpc_listen  # noqa: B018 - validates grpc.listen_addr
     admin = config.admin_listen
@@ -696,16 +701,18 @@ def _cross_validate(config: ServerConfig) -> None:
 # -- TLS -------------------------------------------------------------------------
 
 
-def load_tls_context(config: ServerConfig) -> ssl.SSLContext | None:
-    """The listener's TLS context from server.tls_cert_path and tls_key_path, or
-    None without them. A file that cannot be read, holds no PEM certificate or key,
-    or a key that does not belong to the certificate is a `ConfigError` naming the
-    setting and the file (not ssl's bare "[Errno 2]" or "PEM lib")."""
-    server = config.values["server"]
-    cert, key = server["tls_cert_path"], server["tls_key_path"]
+def load_tls_context(config: ServerConfig, section: str = "server") -> ssl.SSLContext | None:
+    """A listener's TLS context from `section`.tls_cert_path and tls_key_path
+    ("server": the native listener; "admin": the admin listener), or None without
+    them. A file that cannot be read, holds no PEM certificate or key, or a key
+    that does not belong to the certificate is a `ConfigError` naming the setting
+    and the file (not ssl's bare "[Errno 2]" or "PEM lib")."""
+    values = config.values[section]
+    cert, key = values["tls_cert_path"], values["tls_key_path"]
     if cert is None or key is None:
         return None
-    for setting, path in (("server.tls_cert_path", cert), ("server.tls_key_path", key)):
+    cert_setting, key_setting = f"{section}.tls_cert_path", f"{section}.tls_key_path"
+    for setting, path in ((cert_setting, cert), (key_setting, key)):
         try:
             with open(path, "rb"):
                 pass
@@ -717,17 +724,17 @@ def load_tls_context(config: ServerConfig) -> ssl.SSLContext | None:
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
             raise ConfigError(
-                "server.tls_key_path", f"the private key in {key} does not match the "
-                f"certificate in {cert} (server.tls_cert_path)",
+                key_setting, f"the private key in {key} does not match the "
+                f"certificate in {cert} ({cert_setting})",
             ) from None  # fmt: skip
         try:  # which of the two files is unusable?
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(cert)
         except ssl.SSLError:
             raise ConfigError(
-                "server.tls_cert_path", f"{cert} holds no PEM certificate ({exc.reason})"
+                cert_setting, f"{cert} holds no PEM certificate ({exc.reason})"
             ) from None
         raise ConfigError(
-            "server.tls_key_path", f"{key} holds no PEM private key for {cert} ({exc.reason})"
+            key_setting, f"{key} holds no PEM private key for {cert} ({exc.reason})"
         ) from None
     return context
 

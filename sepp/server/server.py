@@ -294,7 +294,9 @@ class SeppServer:
         from sepp.admin.app import AdminListener
 
         if admin_listen is not None:
-            self.admin = AdminListener(self.service)
+            self.admin = AdminListener(
+                self.service, ssl_context=load_tls_context(self.config, "admin")
+            )
             self.admin_address = await self._start_listener(self.admin, admin_listen)
         if metrics_listen is not None:
             self.metrics_listener = AdminListener(self.service, "metrics")
