@@ -228,12 +228,12 @@ def page_principal(request: web.Request) -> Principal | None:
 
 class StatsHistory:
     """Per queue, the jobs enqueued in each second, for `stats_history_ms` (at
-    most 6 h) in a ring of int32 (100 queues x 6 h: 8.6 MB). Sampled once a
-    second by a task of the listener's app (from the same counters as /events)."""
+    most 6 h) in a ring of int32 (101 labels x 6 h: 8.7 MB at most). Sampled once
+    a second by a task of the listener's app (from the counters /events reads)."""
 
     def __init__(self, service: SeppService) -> None:
         self.service = service
-        self.rings: dict[str, array[int]] = {}
+        self.rings: dict[str, array[int]] = {}  # queue label -> ring of per-second counts
         self.last: dict[str, int] = {}
         self.samples = 0
         self.capacity = self._capacity()
@@ -252,17 +252,17 @@ class StatsHistory:
             self.rings.clear()
             self.capacity = capacity
             self.samples = 0
-        engine = self.service.engine
-        if engine is None:
+        if self.service.engine is None:
             return
+        # Keyed like /metrics and /events: the first QUEUE_LABELS_MAX queues that
+        # enqueued, then "_other" -- so the history is bounded however many queues.
         enqueued = self.service.metrics.enqueued
         slot = self.samples % self.capacity
-        for name in engine.state.queues:
-            total = enqueued.get(name, 0)
+        for name, total in enqueued.items():
             ring = self.rings.get(name)
             if ring is None:
-                ring = self.rings[name] = array("l", bytes(8 * self.capacity))
-                self.last[name] = total
+                ring = self.rings[name] = array("i", bytes(4 * self.capacity))
+                self.last[name] = 0  # counted since start: the first second shows them
             ring[slot] = min(total - self.last[name], 2**31 - 1)
             self.last[name] = total
         self.samples += 1

@@ -340,10 +340,16 @@ def test_payload_row_binary_or_undecodable_is_a_hex_dump():
 # -- stats history -----------------------------------------------------------------------------
 
 
+class _FakeMetrics:
+    def __init__(self) -> None:
+        self.enqueued: dict[str, int] = {}
+
+
 class _FakeService:
     def __init__(self, history_ms: int) -> None:
         self.history_ms = history_ms
-        self.engine = None
+        self.engine: object | None = None
+        self.metrics = _FakeMetrics()
 
         class Config:
             def get(_self, section: str, key: str) -> int:
@@ -355,7 +361,7 @@ class _FakeService:
 def test_the_history_is_bounded_by_stats_history_ms_and_averaged_down_to_the_spark_points():
     history = StatsHistory(_FakeService(120_000))  # type: ignore[arg-type]
     assert history.capacity == 120
-    ring = history.rings["q"] = console.array("l", bytes(8 * 120))
+    ring = history.rings["q"] = console.array("i", bytes(4 * 120))
     for second in range(300):  # more samples than the ring holds
         ring[second % 120] = second
         history.samples += 1
@@ -447,3 +453,18 @@ async def test_the_timeline_is_capped_at_max_entries_and_says_so():
         full = await job_timeline(service, job_id)
         assert not full.capped and len(full.entries) == 5 and full.complete
         assert (await job_timeline(service, "no-such-job")).entries == []
+
+
+def test_a_sample_records_each_labels_enqueues_of_the_last_second():
+    service = _FakeService(60_000)
+    service.engine = object()
+    history = StatsHistory(service)  # type: ignore[arg-type]
+    service.metrics.enqueued["a"] = 5
+    history.sample()
+    service.metrics.enqueued["a"] = 7
+    service.metrics.enqueued["_other"] = 3  # queues past the label limit, summed
+    history.sample()
+    history.sample()
+    assert history.series("a", 60_000) == [5, 2, 0]
+    assert history.series("_other", 60_000) == [0, 3, 0]
+    assert sorted(history.rings) == ["_other", "a"]  # one ring per label, not per queue
