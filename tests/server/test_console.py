@@ -8,14 +8,18 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from sepp.admin import console
+from sepp.admin.app import build_app
 from sepp.admin.console import CSP, SESSION_COOKIE, StatsHistory, payload_view
 from sepp.server.config import AdminKey
 from sepp.server.job_timeline import job_timeline
@@ -31,6 +35,7 @@ from tests.server.test_admin_api import (
     Api,
     enqueue_native,
 )
+from tests.support import self_signed_certificate
 
 pytestmark = pytest.mark.usefixtures("in_process_env")
 
@@ -468,3 +473,31 @@ def test_a_sample_records_each_labels_enqueues_of_the_last_second():
     assert history.series("a", 60_000) == [5, 2, 0]
     assert history.series("_other", 60_000) == [0, 3, 0]
     assert sorted(history.rings) == ["_other", "a"]  # one ring per label, not per queue
+
+
+async def test_the_session_cookie_is_secure_when_the_listener_terminates_tls(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = self_signed_certificate(tmp_path / "cert.pem", tmp_path / "key.pem")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    config = in_process_config(admin__keys=KEYS_TOML)
+    async with in_process(config) as server, aiohttp.ClientSession() as session:
+        runner = web.AppRunner(build_app(server.service, api=True), handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            async with session.post(
+                f"https://127.0.0.1:{port}/login",
+                data={"name": "ada", "key": ADMIN_KEY},
+                headers={"Sec-Fetch-Site": "same-origin"},
+                allow_redirects=False,
+                ssl=False,
+            ) as response:
+                assert response.status == 302
+                set_cookie = response.headers["Set-Cookie"]
+        finally:
+            await runner.cleanup()
+    assert "Secure" in set_cookie and "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie
