@@ -762,11 +762,10 @@ async def search(request: web.Request) -> web.StreamResponse:
         if info is not None:
             raise web.HTTPFound("/jobs/" + quote(q, safe=""))
         queue, sep, key = q.partition(":")
-        engine = service.engine
-        if sep and engine is not None:
-            job_id = engine.state.dedup_lookup(queue, key, service.now_ms())
-            if job_id is not None:
-                raise web.HTTPFound("/jobs/" + quote(job_id, safe=""))
+        if sep:
+            found = await _read(service, service.job_by_idempotency_key(principal, queue, key))
+            if found is not None:
+                raise web.HTTPFound("/jobs/" + quote(found.job_id, safe=""))
     body = (
         f"<p>Nothing found for <code>{esc(q)}</code>: give a job id, or queue:idempotency-key.</p>"
     )

@@ -608,6 +608,20 @@ class SeppService:
         assert engine is not None
         return reads.get_job(engine.state, job_id), self.read_barrier()
 
+    def job_by_idempotency_key(
+        self, principal: Principal, queue: str, key: str
+    ) -> tuple[JobInfo | CommandError | None, int]:
+        """The job `queue`'s idempotency `key` points at while its dedup window
+        lasts (the console's search box), or None."""
+        denied = self._read(principal, "get_job")
+        if denied is not None:
+            return denied, 0
+        engine = self.engine
+        assert engine is not None
+        job_id = engine.state.dedup_lookup(queue, key, self.now_ms())
+        info = None if job_id is None else reads.get_job(engine.state, job_id)
+        return info, self.read_barrier()
+
     def list_jobs(
         self,
         principal: Principal,
