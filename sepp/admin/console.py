@@ -507,7 +507,11 @@ def job_rows(jobs: Iterable[JobInfo], *, select: bool) -> str:
             f"<td>{esc(info.dead_letter_cause or info.worker_id or '')}</td>"
             f"<td>{esc(info.last_reason or '')}</td></tr>"
         )
-    head = '<th scope="col"><span class="sr">select</span></th>' if select else ""
+    head = (
+        '<th scope="col"><input type="checkbox" id="pick-all" aria-label="select all"></th>'
+        if select
+        else ""
+    )
     return (
         f'<table class="jobs"><thead><tr>{head}<th scope="col">id</th><th scope="col">type</th>'
         '<th scope="col">priority</th><th scope="col">attempt</th><th scope="col">enqueued</th>'

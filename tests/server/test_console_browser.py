@@ -337,8 +337,8 @@ def test_bulk_requeue_from_the_dead_letters_page_and_the_job_is_reserved_again_a
     boxes = console.d.find_elements(By.CSS_SELECTOR, "input.pick")
     assert sorted(b.get_attribute("value") for b in boxes) == sorted(ids)
     console.shoot("dead-letters")
-    for box in boxes:
-        box.click()
+    console.find("#pick-all").click()  # select all
+    assert all(box.is_selected() for box in boxes)
     console.find('button[data-action="requeue"]').click()
     console.confirm("Requeue 3 dead letters of billing?")
     console.wait(lambda d: not d.find_elements(By.CSS_SELECTOR, "input.pick"))

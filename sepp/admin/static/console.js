@@ -83,6 +83,12 @@ const ACTIONS = {
 };
 
 function wireActions() {
+  const all = document.getElementById("pick-all");
+  if (all) {
+    all.addEventListener("change", () => {
+      for (const box of document.querySelectorAll("input.pick")) box.checked = all.checked;
+    });
+  }
   for (const button of document.querySelectorAll("button.act")) {
     button.addEventListener("click", async () => {
       const queue = encodeURIComponent(button.dataset.queue);
