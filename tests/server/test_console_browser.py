@@ -348,7 +348,7 @@ def test_bulk_requeue_from_the_dead_letters_page_and_the_job_is_reserved_again_a
     assert console.console_errors() == []
 
 
-def test_pause_from_the_queue_page(console: Console):
+def test_pause_and_dead_letter_a_live_job_from_the_queue_page(console: Console):
     server = console.server
     server.enqueue("video", 4)
     console.login("ada", ADMIN_KEY)
@@ -359,11 +359,16 @@ def test_pause_from_the_queue_page(console: Console):
     text = console.wait(ec.visibility_of_element_located((By.ID, "confirm-text")))
     assert text.text == "Purge 4 ready and scheduled jobs of video?"
     console.find('#confirm button[value="cancel"]').click()
+    # Dead-letter one live job from the queue view.
+    console.find("input.pick").click()
+    console.find('button[data-action="dead-letter"]').click()
+    console.confirm("Dead-letter 1 selected job of video?")
+    console.wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "input.pick")) == 3)
     console.find('button[data-action="pause"]').click()
     console.confirm("Pause queue video?")
     console.wait(ec.presence_of_element_located((By.ID, "paused-mark")))
     info = server.admin("queue_info", "video")
-    assert info.paused is True and info.ready == 4
+    assert (info.paused, info.ready, info.dead_letter) == (True, 3, 1)
     assert console.console_errors() == []
 
 
