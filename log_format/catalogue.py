@@ -18,6 +18,7 @@ Field types:
   "bool"   a msgpack bool                 "bytes?" a msgpack bin or nil
   "map?"   nil, or a map from str to str / int / float / bool
   "strs"   a msgpack array of str (possibly empty)
+  "ints"   a msgpack array of int (possibly empty)
 Every integer the log stores fits a msgpack int (-2**63 .. 2**64-1); times are
 wall-clock milliseconds since the Unix epoch.
 
@@ -330,6 +331,73 @@ CATALOGUE: tuple[EventSpec, ...] = (
         ),
         fields=(_f("queue", "str", "The queue deleted."),),
     ),
+    EventSpec(
+        type_id=21,
+        name="ScheduleDefined",
+        version=1,
+        meaning="An operator (or the configuration) created or updated a schedule (issue 17).",
+        fields=(
+            _f("name", "str", "The schedule's name."),
+            _f("queue", "str", "The queue its jobs go to."),
+            _f("job_type", "str", "Its jobs' type."),
+            _f("payload_data", "bytes?", "Its jobs' payload, or nil."),
+            _f("payload_encoding", "str?", "The payload's encoding, or nil."),
+            _f("priority", "int?", "Its jobs' priority; nil: the queue's default."),
+            _f("max_attempts", "int?", "Its jobs' max attempts; nil: the queue's default."),
+            _f("custom", "map?", "Its jobs' custom map (schedule keys added at firing)."),
+            _f("cron", "str?", "A 5-field cron expression, or nil (then every_ms is set)."),
+            _f("timezone", "str", "The IANA time-zone name the cron is read in."),
+            _f(
+                "zone",
+                "ints",
+                "The zone's UTC offsets: start_utc_ms, offset_ms pairs, starts increasing, "
+                "the first -2^62 (resolved from the name at the edge).",
+            ),
+            _f("every_ms", "int?", "A fixed interval (ms), or nil (then cron is set)."),
+            _f("catch_up", "str", "none, one or all: ticks missed while down."),
+            _f("next_ms", "int", "The first tick not yet fired (the anchor)."),
+            _f("created_at", "int", "When first defined (kept by updates)."),
+        ),
+    ),
+    EventSpec(
+        type_id=22,
+        name="SchedulePaused",
+        version=1,
+        meaning="The schedule fires nothing until resumed.",
+        fields=(_f("name", "str", "The schedule paused."),),
+    ),
+    EventSpec(
+        type_id=23,
+        name="ScheduleResumed",
+        version=1,
+        meaning="A paused schedule fires again from next_ms (its first tick after the resume).",
+        fields=(
+            _f("name", "str", "The schedule resumed."),
+            _f("next_ms", "int", "Its next tick."),
+        ),
+    ),
+    EventSpec(
+        type_id=24,
+        name="ScheduleDeleted",
+        version=1,
+        meaning="The schedule is gone (the jobs it fired stay).",
+        fields=(_f("name", "str", "The schedule deleted."),),
+    ),
+    EventSpec(
+        type_id=25,
+        name="ScheduleAdvanced",
+        version=1,
+        meaning=(
+            "A sweep handled a schedule's due ticks; the JobEnqueued of each fired tick "
+            "precedes it in the same record."
+        ),
+        fields=(
+            _f("name", "str", "The schedule."),
+            _f("fired", "ints", "The ticks fired, in order."),
+            _f("skipped", "int", "Ticks passed over (catch-up policy, full queue, key in use)."),
+            _f("next_ms", "int", "Its next tick."),
+        ),
+    ),
 )
 
 EVENT_SPECS_BY_TYPE: Mapping[int, EventSpec] = MappingProxyType(
@@ -358,6 +426,7 @@ _CHECKS = {
     "bytes?": lambda v: v is None or type(v) is bytes,
     "map?": lambda v: v is None or _is_custom_map(v),
     "strs": lambda v: type(v) in (list, tuple) and all(type(x) is str for x in v),
+    "ints": lambda v: type(v) in (list, tuple) and all(type(x) is int for x in v),
 }
 FIELD_TYPES: tuple[str, ...] = tuple(_CHECKS)
 

@@ -56,6 +56,22 @@ SAMPLES: list[Any] = [
     core.QueueDefined(queue="emails", overrides={"default_priority": 4, "retry_backoff": "exponential"}),
     core.QueueDefined(queue="emails", overrides=None),
     core.QueueDeleted(queue="emails"),
+    core.ScheduleDefined(
+        name="nightly", queue="emails", job_type="digest", payload_data=b"{}",
+        payload_encoding="application/json", priority=3, max_attempts=5, custom={"team": "ops"},
+        cron="0 2 * * *", timezone="Europe/Berlin", zone=(-(2**62), 3_600_000, T, 7_200_000),
+        every_ms=None, catch_up="one", next_ms=T + 60_000, created_at=T,
+    ),
+    core.ScheduleDefined(
+        name="tick", queue="emails", job_type="ping", payload_data=None, payload_encoding=None,
+        priority=None, max_attempts=None, custom=None, cron=None, timezone="UTC",
+        zone=(-(2**62), 0), every_ms=1000, catch_up="all", next_ms=T + 1000, created_at=T,
+    ),
+    core.SchedulePaused(name="nightly"),
+    core.ScheduleResumed(name="nightly", next_ms=T + 86_400_000),
+    core.ScheduleDeleted(name="nightly"),
+    core.ScheduleAdvanced(name="tick", fired=(T + 1000, T + 2000), skipped=0, next_ms=T + 3000),
+    core.ScheduleAdvanced(name="tick", fired=(), skipped=4, next_ms=T + 3000),
 ]  # fmt: skip
 
 

@@ -20,7 +20,9 @@ Replies are plain tuples:
     ("ack", job_id) / ("nack", job_id, dead_lettered) / ("extend", job_id, deadline)
     ("release", job_id)
     ("drain", [(job_id, queue, cause, failed_at, final_attempt, reason, attempt)])
-    ("sweep", (promoted, redelivered, dead_lettered, dedup_expired, dead_expired))
+    ("sweep", (promoted, redelivered, dead_lettered, dedup_expired, dead_expired,
+               schedule_ticks_fired, schedule_ticks_skipped))
+    ("schedule", name, created, changed, paused, next_ms)
     ("admin", affected ids, refused ids)
 
 `normalise` turns the core's answer into that vocabulary, `same_answer` compares
@@ -34,6 +36,7 @@ sepp.client (the model is pure: no I/O, no clock, no randomness).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import unicodedata
 import zlib
@@ -60,6 +63,7 @@ from sepp.core.results import (
     QueueAdminResult,
     ReleaseResult,
     ReserveResult,
+    ScheduleResult,
     SweepResult,
 )
 from sepp.core.state import QUEUE_OVERRIDE_KEYS, STATUS_NAMES, State
@@ -161,6 +165,26 @@ class MJob:
 
 
 @dataclass
+class MSchedule:
+    name: str
+    queue: str
+    job_type: str
+    every_ms: int
+    catch_up: str
+    created_at: int
+    next: int  # the first tick not yet fired
+    paused: bool = False
+
+
+def schedule_job_id(name: str, created_at: int, tick: int) -> str:
+    """The id of a schedule's job: sha256 of name, creation time and tick, as a
+    version-8 UUID (the core's rule, restated)."""
+    h = hashlib.sha256(f"{name}:{created_at}:{tick}".encode()).hexdigest()
+    h = h[:12] + "8" + h[13:16] + "a" + h[17:32]
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass
 class MDeadLetter:
     job: MJob
     cause: str
@@ -184,6 +208,9 @@ class Model:
         self.paused: set[str] = set()
         # Queues defined at runtime (PutQueue): name -> overrides of the file's policy.
         self.overrides: dict[str, dict[str, Any]] = {}
+        # Schedules (issue 17), fixed-interval ones only (cron is checked by its
+        # own tests against zoneinfo): name -> MSchedule.
+        self.schedules: dict[str, MSchedule] = {}
 
     # -- helpers ---------------------------------------------------------------
 
@@ -820,7 +847,134 @@ class Model:
             for record in old:
                 self.dead.remove(record)
             dead_expired = len(old)
-        return ("sweep", (promoted, redelivered, dead_lettered, len(lapsed), dead_expired))
+        fired, skipped = self._fire_schedules(t, limit)
+        return (
+            "sweep",
+            (promoted, redelivered, dead_lettered, len(lapsed), dead_expired, fired, skipped),
+        )
+
+    # -- schedules (every_ms only) -------------------------------------------------
+
+    def _fire_schedules(self, t: int, limit: int) -> tuple[int, int]:
+        fired_total = skipped_total = 0
+        due = sorted(
+            (sc for sc in self.schedules.values() if not sc.paused and sc.next <= t),
+            key=lambda sc: (sc.next, sc.name),
+        )
+        for sc in due:
+            if fired_total >= limit:
+                break
+            every = sc.every_ms
+            ticks = list(range(sc.next, t + 1, every))  # every due tick
+            following = ticks[-1] + every
+            if sc.catch_up == "all":
+                chosen = ticks[: limit - fired_total]
+                skipped = 0
+                following = chosen[-1] + every
+            elif sc.catch_up == "one" or t - ticks[-1] <= 1_000:
+                chosen, skipped = ticks[-1:], len(ticks) - 1
+            else:
+                chosen, skipped = [], len(ticks)
+            for tick in chosen:
+                if self._fire(sc, tick, t):
+                    fired_total += 1
+                else:
+                    skipped += 1
+            skipped_total += skipped
+            sc.next = following
+        return fired_total, skipped_total
+
+    def _fire(self, sc: MSchedule, tick: int, t: int) -> bool:
+        key = f"schedule:{sc.name}:{tick}"
+        policy = self.policy(sc.queue)
+        job_id = schedule_job_id(sc.name, sc.created_at, tick)
+        if self.dedup_hit(sc.queue, key, t) is not None:
+            return False
+        if job_id in self.jobs or any(d.job.job_id == job_id for d in self.dead):
+            return False
+        cap = policy.max_queue_depth
+        if cap is not None and self.live_count(sc.queue) >= cap:
+            return False
+        job = MJob(
+            job_id=job_id,
+            queue=sc.queue,
+            job_type=sc.job_type,
+            payload_data=None,
+            payload_encoding=None,
+            priority=policy.default_priority,
+            max_attempts=min(policy.default_max_attempts, policy.max_attempts_ceiling),
+            enqueued_at=t,
+            scheduled_at=None,
+            traceparent=None,
+            tracestate=None,
+            custom={"schedule": sc.name, "schedule_tick_ms": tick},
+        )
+        job.arrival = self._arrive()
+        self.jobs[job_id] = job
+        self.woken.add(sc.queue)
+        if policy.dedup_window_ms > 0:
+            self.dedup[(sc.queue, key)] = (job_id, t + policy.dedup_window_ms)
+        return True
+
+    def put_schedule(
+        self, name: str, queue: str, job_type: str, every_ms: int, catch_up: str, now: int
+    ) -> tuple[Any, ...]:
+        """PutSchedule with every_ms (the stateful test's vocabulary)."""
+        t = self._start(now)
+        if not name or self._queue_name_error(queue):
+            return self._error(IA)
+        if self.config.strict_queues and not self.declared(queue):
+            return self._error("QueueNotFound")
+        if not 1_000 <= every_ms <= 366 * 86_400_000 or catch_up not in ("none", "one", "all"):
+            return self._error(IA)
+        # The job as the sweep will enqueue it, with the longest key and tick.
+        probe = NewJob(
+            job_id=uuid_zero(),
+            queue=queue,
+            job_type=job_type,
+            idempotency_key=f"schedule:{name}:{TIME_MS_MAX}",
+            custom={"schedule": name, "schedule_tick_ms": TIME_MS_MAX},
+        )
+        if self.job_problems(probe, t):
+            return self._error(IA)
+        self._commit_time()
+        old = self.schedules.get(name)
+        if old is None:
+            self.schedules[name] = MSchedule(
+                name, queue, job_type, every_ms, catch_up, t, t + every_ms
+            )
+            return ("schedule", name, True, True, False, t + every_ms)
+        same_timing = old.every_ms == every_ms
+        new_next = old.next if same_timing else t + every_ms
+        changed = (old.queue, old.job_type, old.every_ms, old.catch_up, old.next) != (
+            queue, job_type, every_ms, catch_up, new_next
+        )  # fmt: skip
+        old.queue, old.job_type, old.every_ms, old.catch_up, old.next = (
+            queue, job_type, every_ms, catch_up, new_next
+        )  # fmt: skip
+        return ("schedule", name, False, changed, old.paused, new_next)
+
+    def pause_schedule(self, name: str, paused: bool, now: int) -> tuple[Any, ...]:
+        t = self._start(now)
+        sc = self.schedules.get(name)
+        if sc is None:
+            return self._error("ScheduleNotFound")
+        self._commit_time()
+        if sc.paused == paused:
+            return ("schedule", name, False, False, paused, sc.next)
+        sc.paused = paused
+        # Resumed: the first tick after now on the schedule's grid (no catch-up).
+        if not paused and t >= sc.next:
+            sc.next += ((t - sc.next) // sc.every_ms + 1) * sc.every_ms
+        return ("schedule", name, False, True, paused, sc.next)
+
+    def delete_schedule(self, name: str, now: int) -> tuple[Any, ...]:
+        self._start(now)
+        sc = self.schedules.pop(name, None)
+        if sc is None:
+            return self._error("ScheduleNotFound")
+        self._commit_time()
+        return ("schedule", name, False, True, sc.paused, None)
 
     # -- observation -------------------------------------------------------------
 
@@ -829,6 +983,7 @@ class Model:
         times.extend(deadline for _, deadline in self.dedup.values())
         if self.dead and self.config.dead_letter_retention_ms > 0:
             times.append(self.dead[0].failed_at + self.config.dead_letter_retention_ms)
+        times.extend(sc.next for sc in self.schedules.values() if not sc.paused)
         return min(times) if times else None
 
     def queue_names(self) -> set[str]:
@@ -879,7 +1034,12 @@ class Model:
             "dedup": dict(self.dedup),
             "next_deadline": self.next_deadline(),
             "overrides": dict(self.overrides),
+            "schedules": {n: (sc.paused, sc.next) for n, sc in self.schedules.items()},
         }
+
+
+def uuid_zero() -> str:
+    return "00000000-0000-8000-a000-000000000000"
 
 
 # ---------------------------------------------------------------------------
@@ -956,6 +1116,8 @@ def normalise(result: Decision | CommandError) -> tuple[Any, ...]:
         return ("purge", reply.queue, reply.purged, reply.remaining)
     if isinstance(reply, PutQueueResult):
         return ("put_queue", reply.queue, reply.created, reply.changed, reply.policy)
+    if isinstance(reply, ScheduleResult):
+        return ("schedule", reply.name, reply.created, reply.changed, reply.paused, reply.next_ms)
     if isinstance(reply, DeleteQueueResult):
         return ("delete_queue", reply.queue, reply.cancelled, reply.declared_by_file)
     raise TypeError(f"unexpected reply {reply!r}")
@@ -1023,4 +1185,5 @@ def observe_core(state: State) -> dict[str, Any]:
         "dedup": dict(state.dedup),
         "next_deadline": state.next_deadline(),
         "overrides": dict(state.queue_overrides),
+        "schedules": {n: (sc.paused, sc.next_ms) for n, sc in state.schedules.items()},
     }

@@ -15,7 +15,7 @@ Must not import: anything outside the standard library and `sepp.core`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import Any
 
 from sepp.core.errors import ApplyError as ApplyError
@@ -41,7 +41,13 @@ from sepp.core.events import (
     QueueDeleted,
     QueuePaused,
     QueueResumed,
+    ScheduleAdvanced,
+    ScheduleDefined,
+    ScheduleDeleted,
+    SchedulePaused,
+    ScheduleResumed,
 )
+from sepp.core.schedules import Schedule
 from sepp.core.state import (
     DEAD,
     DELETED,
@@ -413,7 +419,53 @@ def _apply_queue_deleted(state: State, ev: QueueDeleted) -> None:
         state.forget_if_empty(q)
 
 
-_APPLY: list[Callable[[State, Any], None] | None] = [None] * 21
+def _apply_schedule_defined(state: State, ev: ScheduleDefined) -> None:
+    old = state.schedules.get(ev.name)
+    spec = ev._replace(zone=tuple(ev.zone))
+    sched = Schedule(spec, old is not None and old.paused, ev.next_ms)
+    state.schedules[ev.name] = sched
+    state.push_schedule(sched)
+
+
+def _schedule(state: State, name: str, event: Any) -> Schedule:
+    sched = state.schedules.get(name)
+    if sched is None:
+        raise ApplyError(f"{type(event).__name__} for schedule {name}: no such schedule")
+    return sched
+
+
+def _apply_schedule_paused(state: State, ev: SchedulePaused) -> None:
+    sched = _schedule(state, ev.name, ev)
+    if sched.paused:
+        raise ApplyError(f"SchedulePaused for {ev.name}: already paused")
+    sched.paused = True
+    state.push_schedule(sched)
+
+
+def _apply_schedule_resumed(state: State, ev: ScheduleResumed) -> None:
+    sched = _schedule(state, ev.name, ev)
+    if not sched.paused:
+        raise ApplyError(f"ScheduleResumed for {ev.name}: not paused")
+    sched.paused = False
+    sched.next_ms = ev.next_ms
+    state.push_schedule(sched)
+
+
+def _apply_schedule_deleted(state: State, ev: ScheduleDeleted) -> None:
+    _schedule(state, ev.name, ev)
+    del state.schedules[ev.name]
+    heap = state.schedule_heap
+    while heap and not state.schedule_entry_valid(heap[0]):
+        heappop(heap)
+
+
+def _apply_schedule_advanced(state: State, ev: ScheduleAdvanced) -> None:
+    sched = _schedule(state, ev.name, ev)
+    sched.next_ms = ev.next_ms
+    state.push_schedule(sched)
+
+
+_APPLY: list[Callable[[State, Any], None] | None] = [None] * 26
 _APPLY[JobEnqueued.TYPE] = _apply_enqueued
 _APPLY[JobReserved.TYPE] = _apply_reserved
 _APPLY[JobAcked.TYPE] = _apply_acked
@@ -434,6 +486,11 @@ _APPLY[QueuePaused.TYPE] = _apply_queue_paused
 _APPLY[QueueResumed.TYPE] = _apply_queue_resumed
 _APPLY[QueueDefined.TYPE] = _apply_queue_defined
 _APPLY[QueueDeleted.TYPE] = _apply_queue_deleted
+_APPLY[ScheduleDefined.TYPE] = _apply_schedule_defined
+_APPLY[SchedulePaused.TYPE] = _apply_schedule_paused
+_APPLY[ScheduleResumed.TYPE] = _apply_schedule_resumed
+_APPLY[ScheduleDeleted.TYPE] = _apply_schedule_deleted
+_APPLY[ScheduleAdvanced.TYPE] = _apply_schedule_advanced
 APPLY_TABLE: tuple[Callable[[State, Any], None] | None, ...] = tuple(_APPLY)
 
 

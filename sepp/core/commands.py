@@ -348,6 +348,54 @@ class DeleteQueue(AdminCommand):
     queue: str
 
 
+# ---------------------------------------------------------------------------
+# Schedules (issue 17): admin commands like the queue ones (actor, role, reason).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PutSchedule(AdminCommand):
+    """Create schedule `name`, or update it. Exactly one of `cron` (5 fields, read
+    in `timezone`, whose offsets `zone` carries: see sepp.core.schedules) and
+    `every_ms`. An update that changes no timing field (cron, timezone, zone,
+    every_ms) keeps the schedule's next tick (its anchor); the same definition
+    again changes nothing."""
+
+    name: str
+    queue: str
+    job_type: str
+    payload_data: bytes | None = None
+    payload_encoding: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    custom: Mapping[str, Primitive] | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+    zone: tuple[int, ...] = (-(2**62), 0)
+    every_ms: int | None = None
+    catch_up: str = "one"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseSchedule(AdminCommand):
+    """Stop firing schedule `name` (durable)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeSchedule(AdminCommand):
+    """Fire a paused schedule again, from its first tick after now."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteSchedule(AdminCommand):
+    """Remove schedule `name` (the jobs it fired stay)."""
+
+    name: str
+
+
 Command = (
     Enqueue
     | Reserve
@@ -368,6 +416,10 @@ Command = (
     | PurgeQueue
     | PutQueue
     | DeleteQueue
+    | PutSchedule
+    | PauseSchedule
+    | ResumeSchedule
+    | DeleteSchedule
 )
 
 COMMAND_KIND_NAMES = {

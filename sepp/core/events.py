@@ -340,6 +340,97 @@ class QueueDeleted(_QueueDeleted):
     VERSION: ClassVar[int] = 1
 
 
+# Schedules (issue 17). A schedule's ticks are decided by the sweep and logged in
+# ScheduleAdvanced, in the same record as the JobEnqueued of each fired tick: a
+# tick fires exactly once however the server crashes.
+
+
+class _ScheduleDefined(NamedTuple):
+    name: str
+    queue: str
+    job_type: str
+    payload_data: bytes | None
+    payload_encoding: str | None
+    priority: int | None
+    max_attempts: int | None
+    custom: dict[str, Any] | None
+    cron: str | None
+    timezone: str
+    # The zone table (sepp.core.schedules): start_utc_ms, offset_ms, ...
+    zone: tuple[int, ...] | list[int]
+    every_ms: int | None
+    catch_up: str
+    # The first tick not yet fired (the anchor: kept by an update that changes
+    # no timing field).
+    next_ms: int
+    # When the schedule was first defined (kept by updates): part of its fired
+    # jobs' ids, so a schedule deleted and created again never reuses one.
+    created_at: int
+
+
+class ScheduleDefined(_ScheduleDefined):
+    """An operator (or the configuration) created or updated a schedule."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 21
+    VERSION: ClassVar[int] = 1
+
+
+class _SchedulePaused(NamedTuple):
+    name: str
+
+
+class SchedulePaused(_SchedulePaused):
+    """The schedule fires nothing until resumed."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 22
+    VERSION: ClassVar[int] = 1
+
+
+class _ScheduleResumed(NamedTuple):
+    name: str
+    next_ms: int
+
+
+class ScheduleResumed(_ScheduleResumed):
+    """A paused schedule fires again from `next_ms` (its first tick after the
+    resume: ticks while paused are not missed, they were paused)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 23
+    VERSION: ClassVar[int] = 1
+
+
+class _ScheduleDeleted(NamedTuple):
+    name: str
+
+
+class ScheduleDeleted(_ScheduleDeleted):
+    """The schedule is gone (jobs it fired stay)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 24
+    VERSION: ClassVar[int] = 1
+
+
+class _ScheduleAdvanced(NamedTuple):
+    name: str
+    # The ticks fired (a JobEnqueued each, earlier in the same record).
+    fired: tuple[int, ...] | list[int]
+    # The ticks passed over (catch-up policy, a full queue, a key already used).
+    skipped: int
+    next_ms: int
+
+
+class ScheduleAdvanced(_ScheduleAdvanced):
+    """A sweep handled the schedule's due ticks: `next_ms` is its next tick."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 25
+    VERSION: ClassVar[int] = 1
+
+
 # AdminAction.action values (stable: the log stores them).
 ADMIN_DEAD_LETTER_JOBS = "jobs.dead_letter"
 ADMIN_CANCEL_JOBS = "jobs.cancel"
@@ -350,6 +441,10 @@ ADMIN_RESUME_QUEUE = "queue.resume"
 ADMIN_PURGE_QUEUE = "queue.purge"
 ADMIN_PUT_QUEUE = "queue.put"
 ADMIN_DELETE_QUEUE = "queue.delete"
+ADMIN_PUT_SCHEDULE = "schedule.put"
+ADMIN_PAUSE_SCHEDULE = "schedule.pause"
+ADMIN_RESUME_SCHEDULE = "schedule.resume"
+ADMIN_DELETE_SCHEDULE = "schedule.delete"
 ADMIN_ACTIONS = (
     ADMIN_DEAD_LETTER_JOBS,
     ADMIN_CANCEL_JOBS,
@@ -360,6 +455,10 @@ ADMIN_ACTIONS = (
     ADMIN_PURGE_QUEUE,
     ADMIN_PUT_QUEUE,
     ADMIN_DELETE_QUEUE,
+    ADMIN_PUT_SCHEDULE,
+    ADMIN_PAUSE_SCHEDULE,
+    ADMIN_RESUME_SCHEDULE,
+    ADMIN_DELETE_SCHEDULE,
 )
 
 
@@ -384,6 +483,11 @@ Event = (
     | QueueResumed
     | QueueDefined
     | QueueDeleted
+    | ScheduleDefined
+    | SchedulePaused
+    | ScheduleResumed
+    | ScheduleDeleted
+    | ScheduleAdvanced
 )
 
 EVENT_CLASSES: tuple[type[Any], ...] = (
@@ -407,6 +511,11 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
     QueueResumed,
     QueueDefined,
     QueueDeleted,
+    ScheduleDefined,
+    SchedulePaused,
+    ScheduleResumed,
+    ScheduleDeleted,
+    ScheduleAdvanced,
 )
 
 # type id -> class; a list indexed by type id is the fastest dispatch in CPython.

@@ -376,6 +376,9 @@ class SweepResult(NamedTuple):
     dead_lettered: int = 0
     dedup_expired: int = 0
     dead_letters_expired: int = 0
+    # Schedule ticks fired (a job each) and passed over (issue 17).
+    schedule_ticks_fired: int = 0
+    schedule_ticks_skipped: int = 0
 
 
 class AdminResult(NamedTuple):
@@ -439,6 +442,25 @@ class PurgeResult(NamedTuple):
     remaining: int
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleNotFound(CommandError):
+    """A schedule command named a schedule the server does not hold."""
+
+    name: str = ""
+    code: ClassVar[str] = "not_found"
+
+
+class ScheduleResult(NamedTuple):
+    """A schedule command's answer: `changed` False when nothing was logged;
+    `next_ms` the schedule's next tick (None once deleted)."""
+
+    name: str
+    created: bool
+    changed: bool
+    paused: bool
+    next_ms: int | None
+
+
 Reply = (
     EnqueueResult
     | AtomicRejected
@@ -455,4 +477,5 @@ Reply = (
     | PurgeResult
     | PutQueueResult
     | DeleteQueueResult
+    | ScheduleResult
 )

@@ -19,6 +19,8 @@ from typing import Any
 
 from sepp.core.config import CoreConfig
 from sepp.core.errors import SnapshotContentError as SnapshotContentError
+from sepp.core.events import ScheduleDefined, from_fields
+from sepp.core.schedules import Schedule
 from sepp.core.state import (
     DEAD,
     IN_FLIGHT,
@@ -55,6 +57,11 @@ def export_meta(state: State) -> dict[str, Any]:
         "paused": [name for name, q in state.queues.items() if q.paused],
         # Runtime queue definitions (issue 15): name -> overrides. Absent: none.
         "queue_overrides": {name: dict(o) for name, o in state.queue_overrides.items()},
+        # Schedules (issue 17): [ScheduleDefined fields..., paused, next_ms] each.
+        # Absent in older snapshots: none.
+        "schedules": [
+            [*sched.spec, sched.paused, sched.next_ms] for sched in state.schedules.values()
+        ],
     }
 
 
@@ -107,9 +114,34 @@ class StateBuilder:
             self.state.queue(name)
         for name in paused:
             self.state.queue(name).paused = True
+        self._schedules(meta.get("schedules", []))
         # meta["queues"] is not read: the state's queues are the declared ones (from
         # the config) and those its rows put something in. A snapshot written before
         # issue 13 lists every queue ever used; empty ones must not come back.
+
+    def _schedules(self, rows: object) -> None:
+        width = len(ScheduleDefined._fields)
+        if not isinstance(rows, list):
+            raise SnapshotContentError("snapshot meta schedules must be a list of rows")
+        for row in rows:
+            if not isinstance(row, list) or len(row) != width + 2:
+                raise SnapshotContentError(f"schedule row must have {width + 2} fields")
+            paused, next_ms = row[width], row[width + 1]
+            if type(paused) is not bool or type(next_ms) is not int:
+                raise SnapshotContentError("schedule row: paused must be a bool, next_ms an int")
+            try:
+                spec: Any = from_fields(
+                    [ScheduleDefined.TYPE, ScheduleDefined.VERSION, *row[:width]]
+                )
+                spec = spec._replace(zone=tuple(spec.zone))
+                sched = Schedule(spec, paused, next_ms)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise SnapshotContentError(f"bad schedule row: {exc}") from exc
+            if spec.name in self.state.schedules:
+                raise SnapshotContentError(f"schedule {spec.name!r} appears twice")
+            self.state.schedules[spec.name] = sched
+            if not paused:
+                self.state.schedule_heap.append((next_ms, spec.name))
 
     def _job(self, row: list[Any]) -> Job:
         if len(row) != len(JOB_ROW_FIELDS):
@@ -202,6 +234,7 @@ class StateBuilder:
         heapify(state.scheduled)
         heapify(state.leases)
         heapify(state.dedup_expiry)
+        heapify(state.schedule_heap)
         # The status indexes are not stored: rebuilt in the rows' order (live jobs
         # in arrival order, dead letters oldest first). Cursors handed out before
         # are told apart by the new epoch (`sepp.core.reads`).

@@ -38,6 +38,7 @@ from typing import Any
 
 from sepp.core.config import CoreConfig
 from sepp.core.results import DeadLetterView, JobView
+from sepp.core.schedules import Schedule
 
 READY = 0
 SCHEDULED = 1
@@ -442,6 +443,11 @@ class State:
         # freed, and later jobs share new copies. Identity is never relied on:
         # interning only saves memory, so it cannot change what the state means.
         self._strings: dict[str, str] = {}
+        # Schedules (issue 17) by name, and (next_ms, name) of the running ones:
+        # a heap with lazy deletion (an entry is live while its schedule exists,
+        # runs and still has that next_ms), so a sweep looks at due ones only.
+        self.schedules: dict[str, Schedule] = {}
+        self.schedule_heap: list[tuple[int, str]] = []
         # The queues kept even when they hold nothing (State.forget_if_empty).
         self.declared: frozenset[str] = frozenset(self.config.queues)
         for name in self.config.queues:
@@ -540,6 +546,18 @@ class State:
         record = self.dedup.get((entry[1], entry[2]))
         return record is not None and record[1] == entry[0]
 
+    def schedule_entry_valid(self, entry: tuple[int, str]) -> bool:
+        sched = self.schedules.get(entry[1])
+        return sched is not None and not sched.paused and sched.next_ms == entry[0]
+
+    def push_schedule(self, sched: Schedule) -> None:
+        """(Re)index a schedule after its next tick or pause flag changed."""
+        if not sched.paused:
+            heappush(self.schedule_heap, (sched.next_ms, sched.spec.name))
+        heap = self.schedule_heap
+        while heap and not self.schedule_entry_valid(heap[0]):
+            heappop(heap)
+
     def prune_scheduled(self) -> None:
         heap = self.scheduled
         while heap and not self.scheduled_entry_valid(heap[0]):
@@ -569,6 +587,10 @@ class State:
                 best = at
         if self.dedup_expiry:
             at = self.dedup_expiry[0][0]
+            if best is None or at < best:
+                best = at
+        if self.schedule_heap:
+            at = self.schedule_heap[0][0]
             if best is None or at < best:
                 best = at
         if self.dead:
@@ -621,6 +643,10 @@ class State:
             "paused": sorted(name for name, q in self.queues.items() if q.paused),
             "queue_overrides": {
                 n: dict(sorted(o.items())) for n, o in sorted(self.queue_overrides.items())
+            },
+            "schedules": {
+                n: (tuple(sc.spec), sc.paused, sc.next_ms)
+                for n, sc in sorted(self.schedules.items())
             },
             "queue_dead_order": {
                 name: list(q.dead) for name, q in sorted(self.queues.items()) if q.dead

@@ -60,10 +60,14 @@ from sepp.core.commands import (
     CancelJobs,
     DeleteDeadLetters,
     DeleteQueue,
+    DeleteSchedule,
     PauseQueue,
+    PauseSchedule,
     PurgeQueue,
     PutQueue,
+    PutSchedule,
     ResumeQueue,
+    ResumeSchedule,
 )
 from sepp.core.events import (
     CAUSE_ADMIN,
@@ -172,8 +176,12 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
             "purge",
             "put_queue",
             "delete_queue",
+            "put_schedule",
+            "pause_schedule",
+            "resume_schedule",
+            "delete_schedule",
         ),
-        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.3, 0.5, 0.5),
+        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.3, 0.5, 0.5, 1, 0.3, 0.3, 0.2),
     )[0]
     if kind == "enqueue":
         jobs = tuple(random_job(rng, now) for _ in range(rng.randrange(1, 5)))
@@ -236,6 +244,34 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
     if kind == "put_queue":
         overrides = rng.choice(({}, {"default_priority": 7}, {"max_lease_duration_ms": 100}))
         return PutQueue(queue=rng.choice(("a", "c", "d")), overrides=overrides, **who)
+    if kind == "put_schedule":
+        return (
+            PutSchedule(
+                name=rng.choice(("s1", "s2", "s3")),
+                queue=rng.choice(QUEUES),
+                job_type="tick",
+                every_ms=rng.choice((None, 1_000, 2_500)) if rng.random() < 0.8 else 1_000,
+                cron=None,
+                catch_up=rng.choice(("none", "one", "all")),
+                **who,
+            )
+            if rng.random() < 0.7
+            else PutSchedule(
+                name=rng.choice(("s1", "c1")),
+                queue=rng.choice(QUEUES),
+                job_type="tick",
+                cron=rng.choice(("* * * * *", "*/2 * * * *")),
+                catch_up=rng.choice(("none", "one", "all")),
+                **who,
+            )
+        )
+    if kind in ("pause_schedule", "resume_schedule", "delete_schedule"):
+        cls4 = {
+            "pause_schedule": PauseSchedule,
+            "resume_schedule": ResumeSchedule,
+            "delete_schedule": DeleteSchedule,
+        }[kind]
+        return cls4(name=rng.choice(("s1", "s2", "s3", "c1")), **who)
     if kind == "delete_queue":
         return DeleteQueue(queue=rng.choice(("a", "c", "d")), **who)
     if kind == "purge":

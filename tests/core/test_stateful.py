@@ -45,6 +45,7 @@ from sepp.core import (
     Sweep,
     apply_record,
 )
+from sepp.core.commands import DeleteSchedule, PauseSchedule, PutSchedule, ResumeSchedule
 from sepp.core.results import (
     Accepted,
     CommandError,
@@ -428,6 +429,33 @@ class CoreAgainstModel(RuleBasedStateMachine):
         ids = [pool[i % len(pool)] for i in picks] if pool else [str(uuid.UUID(int=7))]
         answer = self.model.requeue(tuple(ids), self.now)
         self.run(RequeueDeadLetters(job_ids=tuple(ids)), answer, self.now)
+
+    # -- schedules (issue 17; fixed intervals: cron has its own tests) -------
+
+    @rule(
+        name=st.sampled_from(["s1", "s2"]),
+        queue=st.sampled_from(["a", "b"]),
+        every_ms=often([1_000, 2_500], [999]),
+        catch_up=st.sampled_from(["none", "one", "all"]),
+    )
+    def put_schedule(self, name: str, queue: str, every_ms: int, catch_up: str) -> None:
+        answer = self.model.put_schedule(name, queue, "tick", every_ms, catch_up, self.now)
+        command = PutSchedule(
+            actor="ann", role="admin", name=name, queue=queue, job_type="tick",
+            every_ms=every_ms, catch_up=catch_up,
+        )  # fmt: skip
+        self.run(command, answer, self.now)
+
+    @rule(name=st.sampled_from(["s1", "s2"]), paused=st.booleans())
+    def pause_or_resume_schedule(self, name: str, paused: bool) -> None:
+        answer = self.model.pause_schedule(name, paused, self.now)
+        cls = PauseSchedule if paused else ResumeSchedule
+        self.run(cls(actor="ann", role="admin", name=name), answer, self.now)
+
+    @rule(name=st.sampled_from(["s1", "s2"]))
+    def delete_schedule(self, name: str) -> None:
+        answer = self.model.delete_schedule(name, self.now)
+        self.run(DeleteSchedule(actor="ann", role="admin", name=name), answer, self.now)
 
     # -- checks ---------------------------------------------------------------
 

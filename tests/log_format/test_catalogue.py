@@ -21,6 +21,7 @@ GOOD = {
     "bytes?": [None, b"", b"\x00"],
     "map?": [None, {}, {"a": "b", "n": 1, "f": 0.5, "t": True}],
     "strs": [[], ("x",), ["", "y"]],
+    "ints": [[], (1,), [0, -(2**62), 2**63 - 1]],
 }
 BAD = {
     "str": [None, b"x", 1, ["x"]],
@@ -39,6 +40,7 @@ BAD = {
         msgpack.ExtType(1, b""),
     ],
     "strs": [None, "x", [1], ["x", None], [b"x"], {"x": "y"}],
+    "ints": [None, 1, ["x"], [1, None], [True], [1.5]],
 }
 
 
@@ -46,9 +48,9 @@ def sample(spec: Any) -> list[Any]:
     return [spec.type_id, spec.version, *(GOOD[field.type][-1] for field in spec.fields)]
 
 
-def test_catalogue_has_twenty_events_with_ids_one_to_twenty() -> None:
-    assert [spec.type_id for spec in CATALOGUE] == list(range(1, 21))
-    assert set(EVENT_SPECS_BY_TYPE) == set(range(1, 21))
+def test_catalogue_has_twenty_five_events_with_ids_one_to_twenty_five() -> None:
+    assert [spec.type_id for spec in CATALOGUE] == list(range(1, 26))
+    assert set(EVENT_SPECS_BY_TYPE) == set(range(1, 26))
     assert all(spec.version == 1 for spec in CATALOGUE)
 
 
@@ -105,7 +107,7 @@ def test_validate_event_names_the_field_with_the_wrong_type(type_name: str) -> N
         ("ab", "event is not an array of at least 2 elements"),
         ({0: 3, 1: 1}, "event is not an array of at least 2 elements"),
         ([0, 1], "unknown event type id 0"),
-        ([21, 1], "unknown event type id 21"),
+        ([26, 1], "unknown event type id 26"),
         ([True, 1, JOB], "unknown event type id True"),
         (["7", 1, JOB], "unknown event type id '7'"),
         ([7, 2, JOB], "JobPromoted version 2 is not supported (expected 1)"),

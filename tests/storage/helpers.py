@@ -60,10 +60,14 @@ from sepp.core.commands import (
     CancelJobs,
     DeleteDeadLetters,
     DeleteQueue,
+    DeleteSchedule,
     PauseQueue,
+    PauseSchedule,
     PurgeQueue,
     PutQueue,
+    PutSchedule,
     ResumeQueue,
+    ResumeSchedule,
 )
 from sepp.core.events import Event
 from sepp.core.results import CommandError
@@ -319,8 +323,29 @@ class Workload:
                 "purge",
                 "put_queue",
                 "delete_queue",
+                "put_schedule",
+                "put_schedule",
+                "pause_schedule",
+                "resume_schedule",
+                "delete_schedule",
             )
         )
+        if kind == "put_schedule":
+            return PutSchedule(
+                name=rng.choice(("s1", "s2")),
+                queue=rng.choice(QUEUES),
+                job_type="tick",
+                every_ms=rng.choice((1_000, 1_500)),
+                catch_up=rng.choice(("none", "one", "all")),
+                **who,
+            )
+        if kind in ("pause_schedule", "resume_schedule", "delete_schedule"):
+            cls3 = {
+                "pause_schedule": PauseSchedule,
+                "resume_schedule": ResumeSchedule,
+                "delete_schedule": DeleteSchedule,
+            }[kind]
+            return cls3(name=rng.choice(("s1", "s2")), **who)
         if kind == "put_queue":
             overrides = rng.choice(({}, {"default_priority": 5}, {"retry_delay_ms": 50}))
             return PutQueue(queue=rng.choice(QUEUES), overrides=overrides, **who)
