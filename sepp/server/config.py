@@ -30,9 +30,11 @@ from sepp.core.config import (
     QueuePolicy,
     validate_config,
 )
+from sepp.core.schedules import CATCH_UP_DEFAULT, CATCH_UP_POLICIES, CronError, parse_cron
 from sepp.server.admission import DESCRIPTORS_RESERVED_DEFAULT, STORAGE_DESCRIPTORS_PEAK
 from sepp.server.loops import EVENT_LOOPS
 from sepp.server.pipeline import SYNC_METHODS
+from sepp.server.timezones import UnknownTimeZone, zone_table
 from sepp.storage import PERSIST_MODES, StorageOptions
 
 DEFAULT_LISTEN = "127.0.0.1:7463"
@@ -317,6 +319,8 @@ class ServerConfig:
     values: dict[str, dict[str, Any]]
     queues: list[dict[str, Any]] = field(default_factory=list)
     source: str | None = None
+    # [[schedules]] (issue 17): validated tables, see _schedule_entries.
+    schedules: list[dict[str, Any]] = field(default_factory=list)
 
     def get(self, section: str, key: str) -> Any:
         return self.values[section][key]
@@ -562,6 +566,67 @@ def _queue_entries(raw: Any, origin: str) -> list[dict[str, Any]]:
     return queues
 
 
+# [[schedules]] keys (issue 17) -> (type, required).
+SCHEDULE_KEYS: dict[str, tuple[type, bool]] = {
+    "name": (str, True),
+    "queue": (str, True),
+    "job_type": (str, True),
+    "cron": (str, False),
+    "every_ms": (int, False),
+    "timezone": (str, False),
+    "payload": (str, False),
+    "encoding": (str, False),
+    "catch_up": (str, False),
+    "priority": (int, False),
+    "max_attempts": (int, False),
+}
+
+
+def _schedule_entries(raw: Any, origin: str) -> list[dict[str, Any]]:
+    """[[schedules]] tables: each key known and of its type, exactly one of cron and
+    every_ms, a cron that parses, a known time zone, a catch-up policy. The rest
+    (limits, the queue's rules) is decide's, at start-up and reload."""
+    if type(raw) is not list:
+        raise ConfigError("schedules", f"[[schedules]] must be an array of tables ({origin})")
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        if type(entry) is not dict:
+            raise ConfigError(f"schedules[{i}]", "must be a table")
+        name = entry.get("name")
+        if type(name) is not str or not name:
+            raise ConfigError(f"schedules[{i}].name", "is required and must be a non-empty string")
+        if name in seen:
+            raise ConfigError(f"schedules.{name}.name", "is declared twice")
+        seen.add(name)
+        for key, (_kind, required) in SCHEDULE_KEYS.items():
+            if required and key not in entry:
+                raise ConfigError(f"schedules.{name}.{key}", f"is required ({origin})")
+        for key, value in entry.items():
+            if key not in SCHEDULE_KEYS:
+                raise ConfigError(f"schedules.{name}.{key}", f"unknown schedule setting ({origin})")
+            kind = SCHEDULE_KEYS[key][0]
+            if type(value) is not kind:
+                raise ConfigError(f"schedules.{name}.{key}", f"must be a {kind.__name__}")
+        if ("cron" in entry) == ("every_ms" in entry):
+            raise ConfigError(f"schedules.{name}", "needs exactly one of cron and every_ms")
+        if "cron" in entry:
+            try:
+                parse_cron(entry["cron"])
+            except CronError as exc:
+                raise ConfigError(f"schedules.{name}.cron", str(exc)) from None
+        try:
+            zone_table(entry.get("timezone", "UTC"))
+        except UnknownTimeZone as exc:
+            raise ConfigError(f"schedules.{name}.timezone", str(exc)) from None
+        if entry.get("catch_up", CATCH_UP_DEFAULT) not in CATCH_UP_POLICIES:
+            raise ConfigError(
+                f"schedules.{name}.catch_up", f"must be one of {list(CATCH_UP_POLICIES)}"
+            )
+        out.append(dict(entry))
+    return out
+
+
 def _env_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -592,6 +657,7 @@ def load_config(
         section: {k: key.default for k, key in keys.items()} for section, keys in SCHEMA.items()
     }
     queues: list[dict[str, Any]] = []
+    schedules: list[dict[str, Any]] = []
     source, _explicit = resolve_config_path(path, env)
     if source is not None:
         try:
@@ -610,6 +676,8 @@ def load_config(
         for section, raw in data.items():
             if section == "queues":
                 queues = _queue_entries(raw, source)
+            elif section == "schedules":
+                schedules = _schedule_entries(raw, source)
             elif section in SCHEMA:
                 _merge_section(values, section, raw, source)
             else:
@@ -619,6 +687,9 @@ def load_config(
             continue
         if name == "SEPP_QUEUES":
             queues = _queue_entries(_env_value(text), f"environment {name}")
+            continue
+        if name == "SEPP_SCHEDULES":
+            schedules = _schedule_entries(_env_value(text), f"environment {name}")
             continue
         if "__" not in name:
             continue
@@ -632,7 +703,7 @@ def load_config(
     for (section, key), value in (overrides or {}).items():
         if value is not None:
             _merge_section(values, section, {key: value}, "command line")
-    config = ServerConfig(values, queues, source)
+    config = ServerConfig(values, queues, source, schedules)
     _cross_validate(config)
     return config
 
@@ -815,6 +886,23 @@ def example_config() -> str:
         "# retry_delay_ms = 5000",
         '# retry_backoff = "exponential"',
         '# allowed_job_types = ["send_welcome", "send_reset"]',
+        "",
+        *_wrapped(
+            "Schedules ([[schedules]], one table per schedule; live on reload, README "
+            "Schedules): name, queue, job_type, and cron (5 fields, read in timezone, an "
+            'IANA name, default "UTC") or every_ms; payload (text) and encoding, priority, '
+            'max_attempts; catch_up = "none" | "one" (default) | "all" for ticks missed '
+            "while the server was down. Example:"
+        ),
+        "# [[schedules]]",
+        '# name = "nightly-digest"',
+        '# queue = "emails"',
+        '# job_type = "send_digest"',
+        '# cron = "0 2 * * *"',
+        '# timezone = "Europe/Berlin"',
+        '# payload = "{}"',
+        '# encoding = "application/json"',
+        '# catch_up = "one"',
         "",
     ]
     return "\n".join(lines)

@@ -136,7 +136,11 @@ def plan_reload(running: ServerConfig, loaded: ServerConfig) -> ReloadPlan:
             changed.append(f"queues.{name}")
     loaded_names = {q["name"] for q in loaded.queues}
     changed.extend(f"queues.{name} (removed)" for name in old_queues if name not in loaded_names)
-    config = ServerConfig(values, queues, running.source)
+    # [[schedules]] are live (issue 17): the service puts each again (an unchanged
+    # one logs nothing and keeps its anchor) and deletes the ones removed.
+    if loaded.schedules != running.schedules:
+        changed.append("schedules")
+    config = ServerConfig(values, queues, running.source, loaded.schedules)
     _validate(config)
     return ReloadPlan(config, tuple(changed), tuple(restart_only))
 

@@ -58,6 +58,7 @@ from sepp.core.commands import (
     Command,
     DeleteDeadLetters,
     DeleteQueue,
+    DeleteSchedule,
     DrainDeadLetters,
     Enqueue,
     Extend,
@@ -66,6 +67,7 @@ from sepp.core.commands import (
     PauseQueue,
     PurgeQueue,
     PutQueue,
+    PutSchedule,
     Release,
     Reserve,
     ResumeQueue,
@@ -89,11 +91,13 @@ from sepp.core.results import (
     QueueNotFound,
     ReserveResult,
 )
+from sepp.core.schedules import CATCH_UP_DEFAULT
 from sepp.server.admission import WaitList
 from sepp.server.config import ADMIN_ROLES, AdminKey, ServerConfig
 from sepp.server.ids import JobIds
 from sepp.server.metrics import ServerMetrics
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
+from sepp.server.timezones import zone_table
 from sepp.storage import Engine, StorageFailed
 from sepp.storage.engine import LogPin
 from sepp.storage.fs import RealFileSystem
@@ -386,6 +390,7 @@ class SeppService:
                 raise ConfigError(
                     exc.key, f"{exc.problem} (with the queue's runtime definition)"
                 ) from None
+        previous_schedules = self.config.schedules
         self.config = config
         self.core_config = core_config
         keys = config.api_keys
@@ -394,6 +399,8 @@ class SeppService:
         self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
         if self.engine is not None:
             self.engine.state.reconfigure(core_config)
+            if previous_schedules != config.schedules:
+                self.sync_config_schedules(previous_schedules)
 
     def open(
         self, engine: Engine, pipeline: CommitPipeline, loop: asyncio.AbstractEventLoop
@@ -404,6 +411,36 @@ class SeppService:
         # Counted from here on: the live path, never recovery's replay.
         engine.observer = self.metrics.observe
         self._schedule_sweep()
+        self.sync_config_schedules([])
+
+    # -- [[schedules]] from the configuration (issue 17) ---------------------------------------
+
+    def sync_config_schedules(self, previous: Sequence[dict[str, Any]]) -> None:
+        """Put every [[schedules]] table as a schedule (actor `config`: an unchanged
+        one logs nothing and keeps its anchor) and delete those `previous` had and
+        the file no longer has. A refusal is logged (ERROR, naming the schedule);
+        the others still apply."""
+        commands: list[Command] = [config_schedule_command(e) for e in self.config.schedules]
+        kept = {e["name"] for e in self.config.schedules}
+        state = self.engine.state if self.engine is not None else None
+        for entry in previous:
+            name = entry["name"]
+            if name not in kept and state is not None and name in state.schedules:
+                commands.append(
+                    DeleteSchedule(actor="config", role="admin", reason=CONFIG_REASON, name=name)
+                )
+        for command in commands:
+            try:
+                decision, _barrier = self.run(command)
+            except (Overloaded, StorageFailed) as exc:
+                log.error("schedules from the configuration not applied: %s", exc)
+                return
+            if isinstance(decision, CommandError):
+                log.error(
+                    "schedule %r from the configuration refused: %s",
+                    getattr(command, "name", "?"),
+                    decision.message,
+                )
 
     def stop(self) -> None:
         """Shutdown began: take no new commands, stop the sweep timer, answer
@@ -1215,6 +1252,32 @@ class SeppService:
         except StorageFailed:
             return
         self._schedule_sweep()
+
+
+CONFIG_REASON = "configuration file"
+
+
+def config_schedule_command(entry: dict[str, Any]) -> PutSchedule:
+    """The PutSchedule of one validated [[schedules]] table (sepp/server/config.py)."""
+    timezone = entry.get("timezone", "UTC")
+    payload = entry.get("payload")
+    return PutSchedule(
+        actor="config",
+        role="admin",
+        reason=CONFIG_REASON,
+        name=entry["name"],
+        queue=entry["queue"],
+        job_type=entry["job_type"],
+        payload_data=payload.encode() if payload is not None else None,
+        payload_encoding=entry.get("encoding"),
+        priority=entry.get("priority"),
+        max_attempts=entry.get("max_attempts"),
+        cron=entry.get("cron"),
+        timezone=timezone,
+        zone=zone_table(timezone),
+        every_ms=entry.get("every_ms"),
+        catch_up=entry.get("catch_up", CATCH_UP_DEFAULT),
+    )
 
 
 # A job info in an answer beyond its strings, payload and custom entries: the
