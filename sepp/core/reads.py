@@ -265,3 +265,52 @@ def list_queues(state: State) -> tuple[QueueInfo, ...]:
     by name."""
     infos = (queue_info(state, name) for name in sorted(state.queues))
     return tuple(info for info in infos if info is not None)
+
+
+# ---------------------------------------------------------------------------
+# Schedules (issue 17)
+
+
+class ScheduleInfo(NamedTuple):
+    """A schedule as `sepp schedules list` shows it: its definition, whether it is
+    paused, and its next tick (ms; the next fire time)."""
+
+    name: str
+    queue: str
+    job_type: str
+    cron: str | None
+    timezone: str
+    every_ms: int | None
+    catch_up: str
+    paused: bool
+    next_ms: int
+    priority: int | None
+    max_attempts: int | None
+    payload_encoding: str | None
+    created_at: int
+
+
+def list_schedules(state: State) -> tuple[ScheduleInfo, ...]:
+    """Every schedule, by name."""
+    out = []
+    for name in sorted(state.schedules):
+        sched = state.schedules[name]
+        spec = sched.spec
+        out.append(
+            ScheduleInfo(
+                name=name,
+                queue=spec.queue,
+                job_type=spec.job_type,
+                cron=spec.cron,
+                timezone=spec.timezone,
+                every_ms=spec.every_ms,
+                catch_up=spec.catch_up,
+                paused=sched.paused,
+                next_ms=sched.next_ms,
+                priority=spec.priority,
+                max_attempts=spec.max_attempts,
+                payload_encoding=spec.payload_encoding,
+                created_at=spec.created_at,
+            )
+        )
+    return tuple(out)

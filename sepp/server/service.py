@@ -65,12 +65,14 @@ from sepp.core.commands import (
     Nack,
     NewJob,
     PauseQueue,
+    PauseSchedule,
     PurgeQueue,
     PutQueue,
     PutSchedule,
     Release,
     Reserve,
     ResumeQueue,
+    ResumeSchedule,
     Sweep,
 )
 from sepp.core.config import (
@@ -97,7 +99,7 @@ from sepp.server.config import ADMIN_ROLES, AdminKey, ServerConfig
 from sepp.server.ids import JobIds
 from sepp.server.metrics import ServerMetrics
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
-from sepp.server.timezones import zone_table
+from sepp.server.timezones import UnknownTimeZone, zone_table
 from sepp.storage import Engine, StorageFailed
 from sepp.storage.engine import LogPin
 from sepp.storage.fs import RealFileSystem
@@ -183,6 +185,13 @@ ROLE_REQUIRED: dict[str, str] = {
     "purge_queue": "operator",
     "put_queue": "admin",
     "delete_queue": "admin",
+    # Schedules (issue 17): defining or deleting one is an admin's, pausing and
+    # resuming an operator's, like queues.
+    "list_schedules": "viewer",
+    "put_schedule": "admin",
+    "pause_schedule": "operator",
+    "resume_schedule": "operator",
+    "delete_schedule": "admin",
     # Routes of the admin HTTP API that call no service method (sepp/admin/auth.py
     # `require`): the audit trail read from the log, the live event stream, an
     # enqueue through the admin API (operators enqueue; the native enqueue has no
@@ -894,6 +903,79 @@ class SeppService:
             "delete_queue",
             DeleteQueue(actor=actor, role=role, reason=reason, queue=queue),
         )
+
+    # -- schedules (issue 17) ------------------------------------------------------------------
+
+    def put_schedule(
+        self,
+        principal: Principal,
+        name: str,
+        queue: str,
+        job_type: str,
+        *,
+        cron: str | None = None,
+        timezone: str = "UTC",
+        every_ms: int | None = None,
+        payload_data: bytes | None = None,
+        payload_encoding: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: dict[str, Any] | None = None,
+        catch_up: str = CATCH_UP_DEFAULT,
+        reason: str | None = None,
+    ) -> tuple[Decision | CommandError, int]:
+        """Create or update a schedule (the time zone resolved here, at the edge):
+        ScheduleResult; InvalidArgument for an unknown time zone."""
+        actor, role = principal
+        denied = self._denied(principal, "put_schedule")
+        if denied is not None:
+            return denied, 0
+        try:
+            zone = zone_table(timezone) if isinstance(timezone, str) else ()
+        except UnknownTimeZone as exc:
+            return InvalidArgument(str(exc)), 0
+        command = PutSchedule(
+            actor=actor, role=role, reason=reason, name=name, queue=queue, job_type=job_type,
+            payload_data=payload_data, payload_encoding=payload_encoding, priority=priority,
+            max_attempts=max_attempts, custom=custom, cron=cron, timezone=timezone, zone=zone,
+            every_ms=every_ms, catch_up=catch_up,
+        )  # fmt: skip
+        return self._admin(principal, "put_schedule", command)
+
+    def pause_schedule(
+        self, principal: Principal, name: str, reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Stop firing a schedule: ScheduleResult; ScheduleNotFound."""
+        actor, role = principal
+        command = PauseSchedule(actor=actor, role=role, reason=reason, name=name)
+        return self._admin(principal, "pause_schedule", command)
+
+    def resume_schedule(
+        self, principal: Principal, name: str, reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Fire a paused schedule again from its next tick: ScheduleResult."""
+        actor, role = principal
+        command = ResumeSchedule(actor=actor, role=role, reason=reason, name=name)
+        return self._admin(principal, "resume_schedule", command)
+
+    def delete_schedule(
+        self, principal: Principal, name: str, reason: str | None = None
+    ) -> tuple[Decision | CommandError, int]:
+        """Remove a schedule (its fired jobs stay): ScheduleResult."""
+        actor, role = principal
+        command = DeleteSchedule(actor=actor, role=role, reason=reason, name=name)
+        return self._admin(principal, "delete_schedule", command)
+
+    def list_schedules(
+        self, principal: Principal
+    ) -> tuple[tuple[reads.ScheduleInfo, ...] | CommandError, int]:
+        """Every schedule with its next fire time (`next_ms`)."""
+        denied = self._read(principal, "list_schedules")
+        if denied is not None:
+            return denied, 0
+        engine = self.engine
+        assert engine is not None
+        return reads.list_schedules(engine.state), self.read_barrier()
 
     # -- reads ---------------------------------------------------------------------------------
 

@@ -58,6 +58,11 @@ CALLS: dict[str, Callable[[SeppService, Principal], tuple[Any, int]]] = {
     "purge_queue": lambda s, p: s.purge_queue(p, "q"),
     "put_queue": lambda s, p: s.put_queue(p, "newq", {}),
     "delete_queue": lambda s, p: s.delete_queue(p, "q"),
+    "list_schedules": lambda s, p: s.list_schedules(p),
+    "put_schedule": lambda s, p: s.put_schedule(p, "beat", "q", "tick", every_ms=60_000),
+    "pause_schedule": lambda s, p: s.pause_schedule(p, "no-such-schedule"),
+    "resume_schedule": lambda s, p: s.resume_schedule(p, "no-such-schedule"),
+    "delete_schedule": lambda s, p: s.delete_schedule(p, "no-such-schedule"),
     # Checked by the admin API's `require` (sepp/admin/auth.py), no service method.
     "audit": lambda s, p: (s._denied(p, "audit"), 0),
     "events": lambda s, p: (s._denied(p, "events"), 0),
@@ -198,3 +203,31 @@ async def test_admin_operations_are_refused_while_stopping():
                 continue
             with pytest.raises(ShuttingDown):
                 call(service, LOCAL_ADMIN)
+
+
+async def test_schedules_through_the_service_put_list_pause_resume_delete():
+    async with running_service() as service:
+        put, barrier = service.put_schedule(
+            LOCAL_ADMIN, "nightly", "q", "digest", cron="0 2 * * *", timezone="Europe/Berlin"
+        )
+        await service.durable(barrier)
+        assert isinstance(put, Decision) and put.reply.created
+        listed, _ = service.list_schedules(VIEWER)
+        assert not isinstance(listed, CommandError)
+        (info,) = listed
+        assert (info.name, info.cron, info.timezone, info.paused) == (
+            "nightly", "0 2 * * *", "Europe/Berlin", False
+        )  # fmt: skip
+        assert info.next_ms > 0
+        assert service.pause_schedule(OPERATOR, "nightly")[0].reply.paused  # type: ignore[union-attr]
+        assert not service.resume_schedule(OPERATOR, "nightly")[0].reply.paused  # type: ignore[union-attr]
+        assert service.delete_schedule(LOCAL_ADMIN, "nightly")[0].reply.next_ms is None  # type: ignore[union-attr]
+        assert service.list_schedules(VIEWER)[0] == ()
+
+
+async def test_a_schedule_in_an_unknown_time_zone_is_refused_at_the_edge():
+    async with running_service() as service:
+        outcome, _ = service.put_schedule(
+            LOCAL_ADMIN, "x", "q", "t", cron="* * * * *", timezone="Mars/Olympus"
+        )
+        assert isinstance(outcome, InvalidArgument)
