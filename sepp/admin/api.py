@@ -20,6 +20,11 @@ Routes (README.md "Admin HTTP API"):
   POST   /queues/{name}/dead-letters:requeue    by ids, or by cause / the whole queue
   POST   /queues/{name}/dead-letters:delete     likewise
   POST   /queues/{name}:pause | :resume | :purge
+  GET    /schedules                             every schedule with its next fire time
+  GET    /schedules/{name}                      one schedule
+  PUT    /schedules/{name}                      create / update (admin; 201 when created)
+  DELETE /schedules/{name}                      delete (admin)
+  POST   /schedules/{name}:pause | :resume      (operator)
 The audit trail (audit.py), the event stream (events.py) and the backup
 (backup.py) add their routes next to these in app.py's `build_app`.
 
@@ -49,7 +54,7 @@ from aiohttp import web
 from sepp.admin.auth import SERVICE_KEY, ApiError, principal_of, require
 from sepp.core.commands import ADMIN_IDS_PER_CALL_MAX
 from sepp.core.decide import Decision
-from sepp.core.reads import JobInfo, QueueInfo
+from sepp.core.reads import JobInfo, QueueInfo, ScheduleInfo
 from sepp.core.results import (
     OUTCOME_NOT_FOUND,
     AdminOutcomes,
@@ -61,6 +66,7 @@ from sepp.core.results import (
     PermissionDenied,
     QueueInUse,
     QueueNotFound,
+    ScheduleNotFound,
 )
 from sepp.protocol.errors import ProtocolError
 from sepp.protocol.messages import parse_job
@@ -122,6 +128,8 @@ def command_api_error(error: CommandError) -> ApiError:
         return _error("not_found", error.message, queue=error.queue)
     if isinstance(error, NotFound):
         return _error("not_found", error.message)
+    if isinstance(error, ScheduleNotFound):
+        return _error("not_found", error.message, schedule=error.name)
     if isinstance(error, AttemptMismatch | FailedPrecondition):
         return _error("failed_precondition", error.message)
     if isinstance(error, InvalidArgument):
@@ -562,6 +570,105 @@ async def _queue_flow(
     return await answer(service, lambda: method(principal, name, reason), render)
 
 
+# -- schedules (issue 17) -----------------------------------------------------------------
+
+
+def schedule_info_body(info: ScheduleInfo) -> dict[str, Any]:
+    return info._asdict()
+
+
+def schedule_result_body(reply: Any) -> dict[str, Any]:
+    return {"schedule": reply._asdict()}
+
+
+async def list_schedules(request: web.Request) -> web.Response:
+    service = _service(request)
+    principal = principal_of(request)
+    return await answer(
+        service,
+        lambda: service.list_schedules(principal),
+        lambda infos: {"schedules": [schedule_info_body(i) for i in infos]},
+    )
+
+
+async def get_schedule(request: web.Request) -> web.Response:
+    service = _service(request)
+    principal = principal_of(request)
+    name = _name(request)
+
+    def render(infos: tuple[ScheduleInfo, ...]) -> dict[str, Any]:
+        for info in infos:
+            if info.name == name:
+                return {"schedule": schedule_info_body(info)}
+        raise _error("not_found", f"schedule {name!r} does not exist", schedule=name)
+
+    return await answer(service, lambda: service.list_schedules(principal), render)
+
+
+SCHEDULE_BODY_KEYS = (
+    "queue", "job_type", "cron", "timezone", "every_ms", "payload", "priority",
+    "max_attempts", "custom", "catch_up", "reason",
+)  # fmt: skip
+
+
+async def put_schedule(request: web.Request) -> web.Response:
+    """Body: queue, job_type, cron or every_ms, timezone, payload {data (base64),
+    encoding}, priority, max_attempts, custom, catch_up, reason. The core checks
+    every value (a wrong type is its InvalidArgument)."""
+    service = _service(request)
+    principal = principal_of(request)
+    body = await json_body(request)
+    for key in body:
+        if key not in SCHEDULE_BODY_KEYS:
+            raise _error("invalid_argument", f"unknown field {key!r}")
+    data: bytes | None = None
+    encoding: Any = None
+    payload = body.get("payload")
+    if payload is not None:
+        if type(payload) is not dict or type(payload.get("data")) is not str:
+            raise _error("invalid_argument", "payload must be {data: base64, encoding}")
+        try:
+            data = base64.b64decode(payload["data"], validate=True)
+        except (binascii.Error, ValueError):
+            raise _error("invalid_argument", "payload.data is not valid base64") from None
+        encoding = payload.get("encoding")
+    name = _name(request)
+    reason = _reason(request, body)
+    return await answer(
+        service,
+        lambda: service.put_schedule(
+            principal,
+            name,
+            body.get("queue"),  # type: ignore[arg-type]  # the core checks the type
+            body.get("job_type"),  # type: ignore[arg-type]
+            cron=body.get("cron"),
+            timezone=body.get("timezone", "UTC"),
+            every_ms=body.get("every_ms"),
+            payload_data=data,
+            payload_encoding=encoding,
+            priority=body.get("priority"),
+            max_attempts=body.get("max_attempts"),
+            custom=body.get("custom"),
+            catch_up=body.get("catch_up", "one"),
+            reason=reason,
+        ),
+        schedule_result_body,
+        lambda reply: 201 if reply.created else 200,
+    )
+
+
+async def delete_schedule(request: web.Request) -> web.Response:
+    return await _queue_flow(request, "delete_schedule", schedule_result_body)
+
+
+async def pause_schedule(request: web.Request) -> web.Response:
+    return await _queue_flow(request, "pause_schedule", schedule_result_body)
+
+
+async def resume_schedule(request: web.Request) -> web.Response:
+    return await _queue_flow(request, "resume_schedule", schedule_result_body)
+
+
 # Queue names may hold ":"; a name is everything before the last ":ACTION".
 QUEUE = "{name:[^/]+}"
 
@@ -573,6 +680,12 @@ def add_api_routes(app: web.Application, prefix: str) -> None:
     r.add_get(f"{prefix}/overview", overview)
     r.add_get(f"{prefix}/server-info", server_info)
     r.add_get(f"{prefix}/queues", list_queues)
+    r.add_get(f"{prefix}/schedules", list_schedules)
+    r.add_post(f"{prefix}/schedules/{QUEUE}:pause", pause_schedule)
+    r.add_post(f"{prefix}/schedules/{QUEUE}:resume", resume_schedule)
+    r.add_get(f"{prefix}/schedules/{QUEUE}", get_schedule)
+    r.add_put(f"{prefix}/schedules/{QUEUE}", put_schedule)
+    r.add_delete(f"{prefix}/schedules/{QUEUE}", delete_schedule)
     r.add_post(f"{prefix}/queues/{QUEUE}:pause", pause)
     r.add_post(f"{prefix}/queues/{QUEUE}:resume", resume)
     r.add_post(f"{prefix}/queues/{QUEUE}:purge", purge)
