@@ -818,6 +818,11 @@ class Model:
         t = self._start(now)
         self._commit_time()
         limit = self.config.sweep_limit
+        # Schedules decide against the state as the sweep found it (the core's
+        # decide sees the state before any of the sweep's events): queue depths
+        # and the ids in use before this sweep's dead-lettering.
+        before_live = {q: self.live_count(q) for q in self.queue_names()}
+        before_ids = set(self.jobs) | {d.job.job_id for d in self.dead}
         due = [j for j in self.jobs.values() if j.status == SCHEDULED and j.due <= t]
         due.sort(key=lambda j: (j.due, j.job_id))
         for job in due[:limit]:
@@ -847,7 +852,7 @@ class Model:
             for record in old:
                 self.dead.remove(record)
             dead_expired = len(old)
-        fired, skipped = self._fire_schedules(t, limit)
+        fired, skipped = self._fire_schedules(t, limit, before_live, before_ids)
         return (
             "sweep",
             (promoted, redelivered, dead_lettered, len(lapsed), dead_expired, fired, skipped),
@@ -855,8 +860,11 @@ class Model:
 
     # -- schedules (every_ms only) -------------------------------------------------
 
-    def _fire_schedules(self, t: int, limit: int) -> tuple[int, int]:
+    def _fire_schedules(
+        self, t: int, limit: int, before_live: dict[str, int], before_ids: set[str]
+    ) -> tuple[int, int]:
         fired_total = skipped_total = 0
+        added: dict[str, int] = {}
         due = sorted(
             (sc for sc in self.schedules.values() if not sc.paused and sc.next <= t),
             key=lambda sc: (sc.next, sc.name),
@@ -876,7 +884,7 @@ class Model:
             else:
                 chosen, skipped = [], len(ticks)
             for tick in chosen:
-                if self._fire(sc, tick, t):
+                if self._fire(sc, tick, t, before_live, before_ids, added):
                     fired_total += 1
                 else:
                     skipped += 1
@@ -884,17 +892,26 @@ class Model:
             sc.next = following
         return fired_total, skipped_total
 
-    def _fire(self, sc: MSchedule, tick: int, t: int) -> bool:
+    def _fire(
+        self,
+        sc: MSchedule,
+        tick: int,
+        t: int,
+        before_live: dict[str, int],
+        before_ids: set[str],
+        added: dict[str, int],
+    ) -> bool:
         key = f"schedule:{sc.name}:{tick}"
         policy = self.policy(sc.queue)
         job_id = schedule_job_id(sc.name, sc.created_at, tick)
         if self.dedup_hit(sc.queue, key, t) is not None:
             return False
-        if job_id in self.jobs or any(d.job.job_id == job_id for d in self.dead):
+        if job_id in before_ids:
             return False
         cap = policy.max_queue_depth
-        if cap is not None and self.live_count(sc.queue) >= cap:
+        if cap is not None and before_live.get(sc.queue, 0) + added.get(sc.queue, 0) >= cap:
             return False
+        added[sc.queue] = added.get(sc.queue, 0) + 1
         job = MJob(
             job_id=job_id,
             queue=sc.queue,

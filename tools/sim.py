@@ -114,10 +114,14 @@ from sepp.core.commands import (
     CancelJobs,
     DeleteDeadLetters,
     DeleteQueue,
+    DeleteSchedule,
     PauseQueue,
+    PauseSchedule,
     PurgeQueue,
     PutQueue,
+    PutSchedule,
     ResumeQueue,
+    ResumeSchedule,
 )
 from sepp.core.events import CAUSE_NAMES
 from sepp.core.invariants import InvariantViolation
@@ -412,8 +416,12 @@ class Workload:
                 "purge",
                 "put_queue",
                 "delete_queue",
+                "schedule",
+                "schedule",
             )
         )
+        if kind == "schedule":
+            return self.schedule(now)
         if kind in ("cancel", "dead_letter"):
             waiting = sorted(
                 j.job_id for j in model.jobs.values() if j.status in (READY, SCHEDULED)
@@ -463,6 +471,31 @@ class Workload:
             )
         return ResumeQueue(queue=queue, actor=actor, role=role), lambda m: m.pause(
             queue, False, now
+        )
+
+    def schedule(self, now: int) -> tuple[Command, Any]:
+        """A schedule command of issue 17 (fixed intervals: the model's vocabulary)."""
+        rng = self.rng
+        name = rng.choice(("s1", "s2"))
+        actor, role = "ann", rng.choice(("operator", "admin"))
+        roll = rng.random()
+        if roll < 0.5:
+            queue = rng.choice(QUEUES)
+            every = rng.choice((1_000, 2_500))
+            catch_up = rng.choice(("none", "one", "all"))
+            command = PutSchedule(
+                actor=actor, role=role, name=name, queue=queue, job_type="tick",
+                every_ms=every, catch_up=catch_up,
+            )  # fmt: skip
+            return command, lambda m: m.put_schedule(name, queue, "tick", every, catch_up, now)
+        if roll < 0.85:
+            pause = roll < 0.65
+            cls = PauseSchedule if pause else ResumeSchedule
+            return cls(actor=actor, role=role, name=name), lambda m: m.pause_schedule(
+                name, pause, now
+            )
+        return DeleteSchedule(actor=actor, role=role, name=name), lambda m: m.delete_schedule(
+            name, now
         )
 
     def dead_letters_by_filter(self, actor: str, role: str, now: int) -> tuple[Command, Any]:

@@ -1597,6 +1597,8 @@ def _decide_purge(state: State, cmd: PurgeQueue, now: int) -> Decision | Command
 #   catch_up none  -> the newest due tick fires if at most SCHEDULE_ON_TIME_MS late
 #   the tick's idempotency key already used in its queue -> skipped (fired before)
 #   the queue is full (max_queue_depth)                  -> skipped
+# Like every phase of a sweep, the schedules see the state as the sweep found it:
+# a job this sweep dead-letters still counts towards its queue's depth.
 
 
 def _schedule_name_error(name: object) -> str | None:

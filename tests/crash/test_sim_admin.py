@@ -17,11 +17,15 @@ from sepp.core.commands import (
     CancelJobs,
     DeleteDeadLetters,
     DeleteQueue,
+    DeleteSchedule,
     Enqueue,
     PauseQueue,
+    PauseSchedule,
     PurgeQueue,
     PutQueue,
+    PutSchedule,
     ResumeQueue,
+    ResumeSchedule,
 )
 from sepp.core.events import CAUSE_ADMIN
 from tests.core.helpers import NOW, Harness
@@ -38,6 +42,11 @@ EVERY_ADMIN_MUTATION = {
     PurgeQueue,
     PutQueue,
     DeleteQueue,
+    # Schedules (issue 17) go the same way.
+    PutSchedule,
+    PauseSchedule,
+    ResumeSchedule,
+    DeleteSchedule,
 }
 
 
