@@ -157,6 +157,7 @@ _FIELD_TESTS = {
     "bytes?": "({v} is None or type({v}) is bytes)",
     "map?": "({v} is None or _valid(event))",
     "strs": "_valid(event)",
+    "ints": "_valid(event)",
 }
 
 

@@ -24,6 +24,11 @@ async def test_a_schedule_is_put_listed_paused_resumed_and_deleted() -> None:
         assert body["schedule"]["created"] and body["schedule"]["next_ms"] > 0
         status, body, _ = await api.call("PUT", "/schedules/nightly", nightly)
         assert (status, body["schedule"]["changed"]) == (200, False)
+        # The audit trail shows the put (its payload's bytes included).
+        status, body, _ = await api.call("GET", "/audit")
+        assert status == 200, body
+        assert body["entries"][0]["action"] == "schedule.put"
+        assert body["entries"][0]["reason"] == "digest"
         status, body, _ = await api.call("GET", "/schedules")
         assert status == 200
         (listed,) = body["schedules"]

@@ -108,6 +108,7 @@ def _sample(field_type: str) -> Any:
         "bytes?": b"x",
         "map?": {"a": 1},
         "strs": ["a", "b"],
+        "ints": [1, 2],
     }[field_type]
 
 
