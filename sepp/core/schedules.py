@@ -16,11 +16,11 @@ The DST rules are ours (decided here, tested in tests/core/test_schedules.py):
 - a local time that exists twice (the autumn fold) fires once, at its first
   occurrence.
 
-Why our own parser and not croniter: croniter's maintainer announced its end of
-maintenance (the project was archived, then revived under new hands), its DST
-behaviour has a long history of issues (ticks repeated or skipped around
-transitions), and it works on `datetime`, which the core may not import. Five
-fields of integers are a page of code with full tests.
+Why our own parser and not croniter: croniter's maintainers announced that it
+would become unmaintained and be removed from PyPI from March 2025 (as quoted in
+python-crontab's issue 116); it works on `datetime`, which the core may not
+import; and the DST rules above are ours either way. Five fields of integers are
+a page of code with full tests.
 
 Must not import: anything outside the standard library and `sepp.core` (no
 datetime, no zoneinfo: the layering test forbids them here).
