@@ -203,13 +203,21 @@ class ServerMetrics:
         self.rejected[key] = self.rejected.get(key, 0) + 1
 
 
+# sepp_request_duration_seconds times one request in REQUEST_TIMED_EVERY (a power of
+# two; every request is counted): timing each one cost ~3 % of the server's CPU
+# per drained job (two requests a job) in benchmarks/bench_metrics_overhead.py.
+REQUEST_TIMED_EVERY = 8
+REQUEST_TIMED_MASK = REQUEST_TIMED_EVERY - 1
+
+
 class RequestMetrics:
     """sepp_requests_total{method,outcome} and sepp_request_duration_seconds{method}
-    of the native front (loop thread only). `observe` is on the hot path: a dict
-    lookup, a bucket (bisect) and two number updates per request, nothing
-    allocated but the float it is given; a refused request also counts its
-    outcome. The admin collector derives the rest at scrape time: a method's
-    requests are its histogram's count, its "ok" ones that count less its refusals.
+    of the native front (loop thread only). Every request is counted (`counts`,
+    exact); one in REQUEST_TIMED_EVERY of them, in arrival order across the
+    process, is also timed (`observe`): the histogram is a sample, so its count is
+    the timed requests, not all of them, and its sum over its count the mean
+    handling time. `count` / `observe` are on the hot path: dict updates and, for
+    a timed request, a bucket (bisect); nothing allocated but the float given.
 
     `method` is the protocol op (or "unknown": a frame that names no op), bounded
     by the protocol; `outcome` is "ok" or the error code of the answer (PROTOCOL.md
@@ -218,39 +226,49 @@ class RequestMetrics:
     queued behind its group commit (that wait is sepp_commit_duration_seconds), or
     a reserve parked (its long poll is not counted)."""
 
-    __slots__ = ("durations", "refused")
+    __slots__ = ("counts", "durations", "refused", "tick")
 
     def __init__(self) -> None:
-        # method -> durations (s) of all its requests (`Histogram.commits` unused:
-        # the count is the sum of the buckets, `count`)
+        # method -> requests since start (all of them)
+        self.counts: dict[str, int] = {}
+        # method -> durations (s) of its timed requests (`Histogram.commits`: how many)
         self.durations: dict[str, Histogram] = {}
         # method -> error code -> requests answered with it
         self.refused: dict[str, dict[str, int]] = {}
+        # requests seen: the timed ones are those where tick & REQUEST_TIMED_MASK == 0
+        self.tick = 0
 
-    def observe(self, method: str, outcome: str, seconds: float) -> None:
-        histogram = self.durations.get(method)
-        if histogram is None:
-            histogram = self.durations[method] = Histogram(REQUEST_DURATION_BOUNDS)
-        histogram.counts[bisect_left(REQUEST_DURATION_BOUNDS, seconds)] += 1
-        histogram.total += seconds
+    def count(self, method: str, outcome: str) -> None:
+        """One request of `method` answered with `outcome` (not timed)."""
+        counts = self.counts
+        counts[method] = counts.get(method, 0) + 1
         if outcome != OUTCOME_OK:
             by_code = self.refused.get(method)
             if by_code is None:
                 by_code = self.refused[method] = {}
             by_code[outcome] = by_code.get(outcome, 0) + 1
 
-    def count(self, method: str) -> int:
-        """Requests of `method` since start."""
+    def observe(self, method: str, outcome: str, seconds: float) -> None:
+        """One timed request: counted, and its duration observed."""
+        self.count(method, outcome)
         histogram = self.durations.get(method)
-        return sum(histogram.counts) if histogram is not None else 0
+        if histogram is None:
+            histogram = self.durations[method] = Histogram(REQUEST_DURATION_BOUNDS)
+        histogram.counts[bisect_left(REQUEST_DURATION_BOUNDS, seconds)] += 1
+        histogram.commits += 1
+        histogram.total += seconds
+
+    def requests(self, method: str) -> int:
+        """Requests of `method` since start."""
+        return self.counts.get(method, 0)
 
     def outcomes(self) -> dict[str, dict[str, int]]:
         """method -> outcome -> requests, "ok" included (scrape time)."""
         out: dict[str, dict[str, int]] = {}
-        for method in self.durations:
+        for method, total in self.counts.items():
             refused = self.refused.get(method, {})
             by_outcome = dict(refused)
-            ok = self.count(method) - sum(refused.values())
+            ok = total - sum(refused.values())
             if ok:
                 by_outcome[OUTCOME_OK] = ok
             out[method] = by_outcome

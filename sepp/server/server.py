@@ -71,7 +71,7 @@ from sepp.server.admission import RateLimitedLog
 from sepp.server.config import ServerConfig, load_tls_context
 from sepp.server.faults import crash_hook_from_env, hold_recovery_from_env
 from sepp.server.loops import loop_kind
-from sepp.server.metrics import RequestMetrics
+from sepp.server.metrics import REQUEST_TIMED_MASK, RequestMetrics
 from sepp.server.pipeline import (
     CommitPipeline,
     Overloaded,
@@ -1053,9 +1053,16 @@ class ClientConnection(asyncio.Protocol):
         # sepp_requests_total / sepp_request_duration_seconds: the dispatch leaves
         # the op in self.method (None: no request, the connection was closed) and
         # the answer's code in self.outcome (reply(), _finish, native_admin).
-        started = perf_counter()
         self.method = None
         self.outcome = perr.OK
+        tick = requests.tick
+        requests.tick = tick + 1
+        if tick & REQUEST_TIMED_MASK:  # counted, not timed (metrics.REQUEST_TIMED_EVERY)
+            self._dispatch_frame(frame)
+            if self.method is not None:
+                requests.count(self.method, self.outcome)
+            return
+        started = perf_counter()
         self._dispatch_frame(frame)
         if self.method is not None:
             requests.observe(self.method, self.outcome, perf_counter() - started)

@@ -23,6 +23,7 @@ from log_format import decode_envelope, encode_envelope
 from sepp.admin.events import EVENTS_KEY, EventsRoute
 from sepp.server.audit_trail import AUDIT_SCAN_ENTRIES_MAX
 from sepp.server.config import ServerConfig, load_config
+from sepp.server.metrics import REQUEST_TIMED_EVERY
 from sepp.server.server import SeppServer
 from sepp.server.service import Principal
 from sepp.storage.audit import command_kind_of
@@ -416,11 +417,23 @@ async def test_request_metrics_count_every_native_request_by_method_and_outcome(
         assert samples[(total, (("method", "hello"), ("outcome", "ok")))] == 1
         assert samples[(total, (("method", "enqueue"), ("outcome", "ok")))] == 7
         assert samples[(total, (("method", "ack"), ("outcome", refused.status)))] == 1
+        # The durations are a sample: one request in REQUEST_TIMED_EVERY, in arrival
+        # order across the process (the first one included).
+        requests = sum(v for (name, _), v in samples.items() if name == total)
         count = "sepp_request_duration_seconds_count"
-        assert samples[(count, (("method", "enqueue"),))] == 7
-        assert samples[(count, (("method", "ack"),))] == 1
-        inf = ("sepp_request_duration_seconds_bucket", (("le", "+Inf"), ("method", "enqueue")))
-        assert samples[inf] == 7
+        timed = {
+            dict(labels)["method"]: v for (name, labels), v in samples.items() if name == count
+        }
+        assert sum(timed.values()) == -(-requests // REQUEST_TIMED_EVERY)
+        assert timed["hello"] == 1  # the process's first request is timed
+        for method, n in timed.items():
+            inf = ("sepp_request_duration_seconds_bucket", (("le", "+Inf"), ("method", method)))
+            assert samples[inf] == n
+            of_method = [
+                v for (name, labels), v in samples.items()
+                if name == total and dict(labels)["method"] == method
+            ]  # fmt: skip
+            assert n <= sum(of_method)
         await client.close()
 
 
