@@ -79,6 +79,8 @@ from sepp.server.admin_shapes import (
     put_queue_body,
     queue_admin_body,
     queue_info_body,
+    schedule_info_body,
+    schedule_result_body,
 )
 from sepp.server.service import (
     InvalidRequest,
@@ -571,14 +573,6 @@ async def _queue_flow(
 
 
 # -- schedules (issue 17) -----------------------------------------------------------------
-
-
-def schedule_info_body(info: ScheduleInfo) -> dict[str, Any]:
-    return info._asdict()
-
-
-def schedule_result_body(reply: Any) -> dict[str, Any]:
-    return {"schedule": reply._asdict()}
 
 
 async def list_schedules(request: web.Request) -> web.Response:

@@ -25,6 +25,8 @@ from sepp.client.types import (
     PutQueueResult,
     QueueChange,
     QueueInfo,
+    ScheduleChange,
+    ScheduleInfo,
 )
 
 
@@ -142,4 +144,43 @@ def delete_queue_result(body: Mapping[str, Any]) -> DeleteQueueResult:
         _get(body, "queue", str, "delete_queue"),
         _get(body, "cancelled", int, "delete_queue"),
         _get(body, "declared_by_file", bool, "delete_queue"),
+    )
+
+
+def _instant(raw: Mapping[str, Any], name: str) -> datetime:
+    when = ms_to_datetime(_get(raw, name, int, "schedule"))
+    if when is None:
+        raise MalformedResponseError(f"schedule field {name!r} is out of range")
+    return when
+
+
+def schedule_info(raw: Any) -> ScheduleInfo:
+    raw = _map(raw, "a schedule")
+    next_ms = _get(raw, "next_ms", int, "schedule")
+    return ScheduleInfo(
+        name=_get(raw, "name", str, "schedule"),
+        queue=_get(raw, "queue", str, "schedule"),
+        job_type=_get(raw, "job_type", str, "schedule"),
+        cron=_get(raw, "cron", str, "schedule", optional=True),
+        timezone=_get(raw, "timezone", str, "schedule"),
+        every_ms=_get(raw, "every_ms", int, "schedule", optional=True),
+        catch_up=_get(raw, "catch_up", str, "schedule"),
+        paused=_get(raw, "paused", bool, "schedule"),
+        next_ms=next_ms,
+        next_fire_at=_instant(raw, "next_ms"),
+        priority=_get(raw, "priority", int, "schedule", optional=True),
+        max_attempts=_get(raw, "max_attempts", int, "schedule", optional=True),
+        payload_encoding=_get(raw, "payload_encoding", str, "schedule", optional=True),
+        created_at=_instant(raw, "created_at"),
+    )
+
+
+def schedule_change(body: Mapping[str, Any]) -> ScheduleChange:
+    raw = _map(body.get("schedule"), "a schedule answer")
+    return ScheduleChange(
+        _get(raw, "name", str, "schedule"),
+        _get(raw, "created", bool, "schedule"),
+        _get(raw, "changed", bool, "schedule"),
+        _get(raw, "paused", bool, "schedule"),
+        _get(raw, "next_ms", int, "schedule", optional=True),
     )

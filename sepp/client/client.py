@@ -84,6 +84,8 @@ from sepp.client.types import (
     QueueInfo,
     QueueStats,
     ReserveOptions,
+    ScheduleChange,
+    ScheduleInfo,
     ServerInfo,
     UndecodableDeadLetter,
     UndecodableJob,
@@ -1391,6 +1393,83 @@ class SeppClient:
         body = {"queue": queue, "reason": reason}
         return _admin.delete_queue_result(
             await self._admin(_messages.OP_DELETE_QUEUE, body, read=False)
+        )
+
+    # -- schedules (issue 17; PROTOCOL.md 5.28-5.32) ---------------------------------------
+    #
+    # Refusals: PermissionDeniedError (list: viewer, pause / resume: operator, put /
+    # delete: admin), ScheduleNotFoundError, InvalidRequestError whose `field` names
+    # the field at fault (a bad cron: "cron"; an unknown time zone: "timezone").
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        """Every schedule, by name, with its next fire time."""
+        answer = await self._admin(_messages.OP_LIST_SCHEDULES, {}, read=True)
+        schedules = answer.get("schedules")
+        if not isinstance(schedules, list):
+            raise MalformedResponseError("a list_schedules answer needs a 'schedules' array")
+        return [_admin.schedule_info(s) for s in schedules]
+
+    async def put_schedule(
+        self,
+        name: str,
+        queue: str,
+        job_type: str,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        timezone: str = "UTC",
+        payload: bytes | str | None = None,
+        encoding: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: dict[str, Any] | None = None,
+        catch_up: str = "one",
+        reason: str | None = None,
+    ) -> ScheduleChange:
+        """Create or update the schedule `name`: exactly one of `cron` (5 fields,
+        in `timezone`, an IANA name) and `every_ms`; each tick enqueues a `job_type`
+        job on `queue` (a str payload is sent as UTF-8). `catch_up`: ``"none"``,
+        ``"one"`` or ``"all"``. An update that keeps cron, timezone and every_ms
+        keeps the next tick; durable."""
+        body: dict[str, Any] = {
+            "name": name,
+            "queue": queue,
+            "job_type": job_type,
+            "cron": cron,
+            "every_ms": every_ms,
+            "timezone": timezone,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "custom": custom,
+            "catch_up": catch_up,
+            "reason": reason,
+        }
+        if payload is not None:
+            data = payload.encode() if isinstance(payload, str) else bytes(payload)
+            body["payload"] = {"data": data, "encoding": encoding}
+        return _admin.schedule_change(
+            await self._admin(_messages.OP_PUT_SCHEDULE, body, read=False)
+        )
+
+    async def pause_schedule(self, name: str, *, reason: str | None = None) -> ScheduleChange:
+        """Stop firing the schedule `name` (durable)."""
+        body = {"name": name, "reason": reason}
+        return _admin.schedule_change(
+            await self._admin(_messages.OP_PAUSE_SCHEDULE, body, read=False)
+        )
+
+    async def resume_schedule(self, name: str, *, reason: str | None = None) -> ScheduleChange:
+        """Fire a paused schedule again, from its first tick after now."""
+        body = {"name": name, "reason": reason}
+        return _admin.schedule_change(
+            await self._admin(_messages.OP_RESUME_SCHEDULE, body, read=False)
+        )
+
+    async def delete_schedule(self, name: str, *, reason: str | None = None) -> ScheduleChange:
+        """Remove the schedule `name` (the jobs it fired stay)."""
+        body = {"name": name, "reason": reason}
+        return _admin.schedule_change(
+            await self._admin(_messages.OP_DELETE_SCHEDULE, body, read=False)
         )
 
 

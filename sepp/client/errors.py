@@ -87,6 +87,7 @@ __all__ = [
     "QueueNameTooLong",
     "QueueNotFoundError",
     "ReserveError",
+    "ScheduleNotFoundError",
     "ScheduledTooFar",
     "SeppError",
     "ServerInfoError",
@@ -216,7 +217,13 @@ class MessageTooLargeError(OverloadedError):
 
 
 class InvalidRequestError(ClientError):
-    """The server refused the request as malformed (``invalid_argument``)."""
+    """The server refused the request as malformed (``invalid_argument``).
+    `field` names the field at fault when the server said (a schedule's
+    ``cron``, ``timezone``, ``every_ms``, ...), else ``None``."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ServerInternalError(ClientError):
@@ -629,6 +636,15 @@ class QueueInUseError(ClientError):
         self.queue = queue
 
 
+class ScheduleNotFoundError(ClientError):
+    """A schedule operation named a schedule the server does not hold.
+    `schedule` names it, when the server said."""
+
+    def __init__(self, message: str, schedule: str | None = None) -> None:
+        super().__init__(message)
+        self.schedule = schedule
+
+
 class UnknownQueuesError(ReserveError):
     """Strict mode: a reserve named queues the server does not declare.
     `queues` lists them, when the server said."""
@@ -651,7 +667,8 @@ def error_from_response(op: str, code: str, body: Mapping[str, Any]) -> SeppErro
     reason = body.get("reason")
     error: SeppError
     if code == INVALID_ARGUMENT:
-        error = InvalidRequestError(text)
+        field = body.get("field")
+        error = InvalidRequestError(text, field if isinstance(field, str) else None)
     elif code == NOT_FOUND and op in _LEASE_OPS:
         error = JobNotFoundError(text)
     elif code == FAILED_PRECONDITION and (
@@ -670,6 +687,8 @@ def error_from_response(op: str, code: str, body: Mapping[str, Any]) -> SeppErro
         error = QueueInUseError(text, queue if isinstance(queue, str) else None)
     elif code == NOT_FOUND and isinstance(body.get("queue"), str):
         error = QueueNotFoundError(text, body["queue"])
+    elif code == NOT_FOUND and isinstance(body.get("schedule"), str):
+        error = ScheduleNotFoundError(text, body["schedule"])
     elif code == PERMISSION_DENIED:
         error = PermissionDeniedError(text)
     elif code == UNAUTHENTICATED:

@@ -60,6 +60,8 @@ from sepp.client.types import (
     QueueInfo,
     QueueStats,
     ReserveOptions,
+    ScheduleChange,
+    ScheduleInfo,
     ServerInfo,
     UndecodableJob,
 )
@@ -481,3 +483,40 @@ class SyncSeppClient:
 
     def delete_queue(self, queue: str, *, reason: str | None = None) -> DeleteQueueResult:
         return self._run(self._client.delete_queue(queue, reason=reason))
+
+    def list_schedules(self) -> list[ScheduleInfo]:
+        return self._run(self._client.list_schedules())
+
+    def put_schedule(
+        self,
+        name: str,
+        queue: str,
+        job_type: str,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        timezone: str = "UTC",
+        payload: bytes | str | None = None,
+        encoding: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: dict[str, Any] | None = None,
+        catch_up: str = "one",
+        reason: str | None = None,
+    ) -> ScheduleChange:
+        return self._run(
+            self._client.put_schedule(
+                name, queue, job_type, cron=cron, every_ms=every_ms, timezone=timezone,
+                payload=payload, encoding=encoding, priority=priority,
+                max_attempts=max_attempts, custom=custom, catch_up=catch_up, reason=reason,
+            )
+        )  # fmt: skip
+
+    def pause_schedule(self, name: str, *, reason: str | None = None) -> ScheduleChange:
+        return self._run(self._client.pause_schedule(name, reason=reason))
+
+    def resume_schedule(self, name: str, *, reason: str | None = None) -> ScheduleChange:
+        return self._run(self._client.resume_schedule(name, reason=reason))
+
+    def delete_schedule(self, name: str, *, reason: str | None = None) -> ScheduleChange:
+        return self._run(self._client.delete_schedule(name, reason=reason))

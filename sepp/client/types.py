@@ -44,6 +44,8 @@ __all__ = [
     "QueueInfo",
     "QueueStats",
     "ReserveOptions",
+    "ScheduleChange",
+    "ScheduleInfo",
     "ServerInfo",
     "TraceContext",
     "TraceContextError",
@@ -634,3 +636,37 @@ class DeleteQueueResult:
     cancelled: int
     # The configuration file declares it: only its runtime overrides were removed.
     declared_by_file: bool
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A schedule (`list_schedules`): its definition, whether it is paused and
+    its next fire time (`next_fire_at`, UTC; `next_ms` the same in ms)."""
+
+    name: str
+    queue: str
+    job_type: str
+    cron: str | None
+    timezone: str
+    every_ms: int | None
+    catch_up: str
+    paused: bool
+    next_ms: int
+    next_fire_at: datetime
+    priority: int | None
+    max_attempts: int | None
+    payload_encoding: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ScheduleChange:
+    """The answer of `put_schedule`, `pause_schedule`, `resume_schedule` and
+    `delete_schedule`: `changed` False when nothing was logged; `next_ms` the
+    schedule's next tick (``None`` once deleted)."""
+
+    name: str
+    created: bool
+    changed: bool
+    paused: bool
+    next_ms: int | None

@@ -58,6 +58,12 @@ OP_RESUME_QUEUE = "resume_queue"
 OP_PURGE_QUEUE = "purge_queue"
 OP_PUT_QUEUE = "put_queue"
 OP_DELETE_QUEUE = "delete_queue"
+# Schedule operations (issue 17, PROTOCOL.md 5.28-5.32).
+OP_LIST_SCHEDULES = "list_schedules"
+OP_PUT_SCHEDULE = "put_schedule"
+OP_PAUSE_SCHEDULE = "pause_schedule"
+OP_RESUME_SCHEDULE = "resume_schedule"
+OP_DELETE_SCHEDULE = "delete_schedule"
 ADMIN_OPS = (
     OP_GET_JOB,
     OP_LIST_JOBS,
@@ -72,6 +78,11 @@ ADMIN_OPS = (
     OP_PURGE_QUEUE,
     OP_PUT_QUEUE,
     OP_DELETE_QUEUE,
+    OP_LIST_SCHEDULES,
+    OP_PUT_SCHEDULE,
+    OP_PAUSE_SCHEDULE,
+    OP_RESUME_SCHEDULE,
+    OP_DELETE_SCHEDULE,
 )
 # The most job ids one admin call may name (the core's ADMIN_IDS_PER_CALL_MAX;
 # over it the whole call is refused with invalid_argument).
@@ -705,6 +716,70 @@ def parse_put_queue(body: dict[str, Any]) -> PutQueueBody:
     return PutQueueBody(f.text("queue"), overrides, f.opt_str("reason"))
 
 
+class ScheduleBody(NamedTuple):
+    """pause_schedule, resume_schedule, delete_schedule."""
+
+    name: str
+    reason: str | None
+
+
+def parse_schedule(body: dict[str, Any]) -> ScheduleBody:
+    f = Fields(body)
+    return ScheduleBody(f.text("name"), f.opt_str("reason"))
+
+
+class PutScheduleBody(NamedTuple):
+    name: str
+    queue: str
+    job_type: str
+    cron: str | None
+    timezone: str
+    every_ms: int | None
+    payload_data: bytes | None
+    payload_encoding: str | None
+    priority: int | None
+    max_attempts: int | None
+    custom: dict[str, Any] | None
+    catch_up: str
+    reason: str | None
+
+
+def parse_put_schedule(body: dict[str, Any]) -> PutScheduleBody:
+    """The wire types only; the core checks the values (a bad cron, an unknown
+    time zone: invalid_argument naming the field)."""
+    f = Fields(body)
+    data: bytes | None = None
+    encoding: str | None = None
+    payload = body.get("payload")
+    if payload is not None:
+        if type(payload) is not dict:
+            raise ProtocolError("payload must be a map {data, encoding}")
+        data = payload.get("data")
+        if type(data) is not bytes:
+            raise ProtocolError("payload.data must be binary")
+        encoding = Fields(payload).opt_str("encoding")
+    custom = body.get("custom")
+    if custom is not None and type(custom) is not dict:
+        raise ProtocolError("custom must be a map")
+    timezone = f.opt_str("timezone")
+    catch_up = f.opt_str("catch_up")
+    return PutScheduleBody(
+        name=f.text("name"),
+        queue=f.text("queue"),
+        job_type=f.text("job_type"),
+        cron=f.opt_str("cron"),
+        timezone="UTC" if timezone is None else timezone,
+        every_ms=f.opt_int("every_ms"),
+        payload_data=data,
+        payload_encoding=encoding,
+        priority=f.opt_int("priority"),
+        max_attempts=f.opt_int("max_attempts"),
+        custom=custom,
+        catch_up="one" if catch_up is None else catch_up,
+        reason=f.opt_str("reason"),
+    )
+
+
 PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     OP_HELLO: parse_hello,
     OP_ENQUEUE: parse_enqueue,
@@ -732,6 +807,11 @@ PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     OP_PURGE_QUEUE: parse_queue,
     OP_PUT_QUEUE: parse_put_queue,
     OP_DELETE_QUEUE: parse_queue,
+    OP_LIST_SCHEDULES: lambda body: None,
+    OP_PUT_SCHEDULE: parse_put_schedule,
+    OP_PAUSE_SCHEDULE: parse_schedule,
+    OP_RESUME_SCHEDULE: parse_schedule,
+    OP_DELETE_SCHEDULE: parse_schedule,
 }
 
 

@@ -2,7 +2,7 @@
 
 Owns: `job_info_body`, `page_body`, `queue_info_body`, `settings_body` and the
 bodies of the admin command results (outcomes, pause/resume, purge, put and
-delete queue): plain maps of strings, integers, lists and maps, the same names
+delete queue, schedules): plain maps of strings, integers, lists and maps, the same names
 on the native protocol (PROTOCOL.md 5.14-5.27, encoded with msgpack by
 native_admin.py) and in the admin HTTP API (JSON, sepp/admin/api.py, which
 turns the payload's bytes into base64). One place, so the two fronts never
@@ -17,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sepp.core.reads import JobInfo, JobPage, QueueInfo
+from sepp.core.reads import JobInfo, JobPage, QueueInfo, ScheduleInfo
 from sepp.core.results import (
     AdminOutcomes,
     DeleteQueueResult,
     PurgeResult,
     PutQueueResult,
     QueueAdminResult,
+    ScheduleResult,
 )
 
 
@@ -114,3 +115,12 @@ def delete_queue_body(reply: DeleteQueueResult) -> dict[str, Any]:
         "cancelled": reply.cancelled,
         "declared_by_file": reply.declared_by_file,
     }
+
+
+def schedule_info_body(info: ScheduleInfo) -> dict[str, Any]:
+    """A schedule's definition, paused flag and next fire time (`next_ms`)."""
+    return info._asdict()
+
+
+def schedule_result_body(reply: ScheduleResult) -> dict[str, Any]:
+    return {"schedule": reply._asdict()}

@@ -1,4 +1,5 @@
-"""The admin operations of the native protocol (issue 15, PROTOCOL.md 5.14-5.27):
+"""The admin operations of the native protocol (issue 15, PROTOCOL.md 5.14-5.27;
+the schedule operations of issue 17, 5.28-5.32):
 each decodes its body into a `SeppService` admin call and renders the outcome.
 
 Owns: the handlers (`HANDLERS`, op name -> handler, merged into the native
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sepp.core.decide import Decision
-from sepp.core.results import CommandError
+from sepp.core.results import CommandError, InvalidArgument
 from sepp.protocol import errors as perr
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import encode_frame
@@ -34,6 +35,8 @@ from sepp.server.admin_shapes import (
     put_queue_body,
     queue_admin_body,
     queue_info_body,
+    schedule_info_body,
+    schedule_result_body,
 )
 from sepp.server.service import LOCAL_ADMIN, Principal
 from sepp.server.wire import command_error
@@ -176,6 +179,72 @@ def op_delete_queue(conn: ClientConnection, request_id: int, body: pm.QueueBody)
     _answer(conn, request_id, decision, barrier, delete_queue_body)
 
 
+# -- schedules (issue 17) -------------------------------------------------------------------
+
+# The fields of a put_schedule whose refusal names them (the core's and the
+# service's messages start with the field's name; an unknown time zone says so).
+SCHEDULE_FIELDS = (
+    "cron", "timezone", "every_ms", "catch_up", "custom", "queue", "job_type",
+    "priority", "max_attempts", "payload", "name",
+)  # fmt: skip
+
+
+def schedule_field(message: str) -> str | None:
+    """The put_schedule field an invalid_argument message is about, or None."""
+    if message.startswith("unknown time zone") or message.startswith("zone"):
+        return "timezone"
+    for name in SCHEDULE_FIELDS:
+        if message.startswith((f"{name} ", f"{name}:", f"{name}.")):
+            return name
+    return None
+
+
+def op_list_schedules(conn: ClientConnection, request_id: int, body: None) -> None:
+    infos, barrier = conn.server.service.list_schedules(conn.principal)
+    _answer(
+        conn,
+        request_id,
+        infos,
+        barrier,
+        lambda items: {"schedules": [schedule_info_body(i) for i in items]},
+    )
+
+
+def op_put_schedule(conn: ClientConnection, request_id: int, body: pm.PutScheduleBody) -> None:
+    decision, barrier = conn.server.service.put_schedule(
+        conn.principal, body.name, body.queue, body.job_type,
+        cron=body.cron, timezone=body.timezone, every_ms=body.every_ms,
+        payload_data=body.payload_data, payload_encoding=body.payload_encoding,
+        priority=body.priority, max_attempts=body.max_attempts, custom=body.custom,
+        catch_up=body.catch_up, reason=body.reason,
+    )  # fmt: skip
+    if isinstance(decision, InvalidArgument):
+        code, error_body = command_error(decision)
+        field = schedule_field(decision.message)
+        if field is not None:
+            error_body["field"] = field
+        conn.outcome = code
+        frame = encode_frame(pm.encode_response(request_id, code, error_body))
+        conn.server.service.after_durable(barrier, conn.send_after, frame, request_id)
+        return
+    _answer(conn, request_id, decision, barrier, schedule_result_body)
+
+
+def op_pause_schedule(conn: ClientConnection, request_id: int, body: pm.ScheduleBody) -> None:
+    decision, barrier = conn.server.service.pause_schedule(conn.principal, body.name, body.reason)
+    _answer(conn, request_id, decision, barrier, schedule_result_body)
+
+
+def op_resume_schedule(conn: ClientConnection, request_id: int, body: pm.ScheduleBody) -> None:
+    decision, barrier = conn.server.service.resume_schedule(conn.principal, body.name, body.reason)
+    _answer(conn, request_id, decision, barrier, schedule_result_body)
+
+
+def op_delete_schedule(conn: ClientConnection, request_id: int, body: pm.ScheduleBody) -> None:
+    decision, barrier = conn.server.service.delete_schedule(conn.principal, body.name, body.reason)
+    _answer(conn, request_id, decision, barrier, schedule_result_body)
+
+
 HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
     pm.OP_GET_JOB: op_get_job,
     pm.OP_LIST_JOBS: op_list_jobs,
@@ -190,4 +259,9 @@ HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
     pm.OP_PURGE_QUEUE: op_purge_queue,
     pm.OP_PUT_QUEUE: op_put_queue,
     pm.OP_DELETE_QUEUE: op_delete_queue,
+    pm.OP_LIST_SCHEDULES: op_list_schedules,
+    pm.OP_PUT_SCHEDULE: op_put_schedule,
+    pm.OP_PAUSE_SCHEDULE: op_pause_schedule,
+    pm.OP_RESUME_SCHEDULE: op_resume_schedule,
+    pm.OP_DELETE_SCHEDULE: op_delete_schedule,
 }

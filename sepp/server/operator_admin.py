@@ -1,5 +1,5 @@
-"""The admin commands of the `sepp` CLI (issue 15), over the Python client's admin
-methods (PROTOCOL.md 5.14-5.27):
+"""The admin commands of the `sepp` CLI (issue 15; schedules: issue 17), over the
+Python client's admin methods (PROTOCOL.md 5.14-5.32):
 
     sepp jobs get ID
     sepp jobs list QUEUE --state ready|scheduled|inflight|dead_letter
@@ -16,6 +16,12 @@ methods (PROTOCOL.md 5.14-5.27):
     sepp queues create Q [--max-attempts N --retry-delay-ms N ...] [--reason R]
     sepp queues update Q [--max-attempts N ...] [--unset KEY ...] [--reason R]
     sepp queues delete Q --yes [--reason R]
+    sepp schedules list
+    sepp schedules create NAME --queue Q --job-type T (--cron C [--timezone TZ] | --every-ms N)
+                   [--payload TEXT --encoding E --priority N --max-attempts N
+                    --catch-up none|one|all] [--reason R]
+    sepp schedules pause|resume NAME [--reason R]
+    sepp schedules delete NAME --yes [--reason R]
 
 Options common to all (`--addr`, TLS, the API key, `--json`) and the exit codes
 are those of sepp/server/operator.py. Every change is a logged command: the
@@ -500,6 +506,148 @@ def _queues_delete(args: argparse.Namespace) -> int:
     return _run(args, go, render)
 
 
+# -- schedules (issue 17) ------------------------------------------------------------------
+
+CATCH_UP_POLICIES = ("none", "one", "all")
+
+
+def _schedule_doc(s: Any) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "queue": s.queue,
+        "job_type": s.job_type,
+        "cron": s.cron,
+        "timezone": s.timezone,
+        "every_ms": s.every_ms,
+        "catch_up": s.catch_up,
+        "paused": s.paused,
+        "next_fire_at": _when(s.next_fire_at),
+        "next_ms": s.next_ms,
+        "priority": s.priority,
+        "max_attempts": s.max_attempts,
+        "payload_encoding": s.payload_encoding,
+        "created_at": _when(s.created_at),
+    }
+
+
+def _schedules_list(args: argparse.Namespace) -> int:
+    async def go(client: Any) -> None:
+        schedules = await client.list_schedules()
+        if args.json:
+            for s in schedules:
+                _json_line(_schedule_doc(s))
+            return
+        print(
+            f"{'schedule':24} {'queue':16} {'type':16} {'when':28} {'catch_up':8} "
+            f"{'paused':6} next fire (UTC)"
+        )
+        for s in schedules:
+            when = f"{s.cron} {s.timezone}" if s.cron is not None else f"every {s.every_ms} ms"
+            print(
+                f"{_cut(s.name, 24):24} {_cut(s.queue, 16):16} {_cut(s.job_type, 16):16} "
+                f"{_cut(when, 28):28} {s.catch_up:8} {'yes' if s.paused else 'no':6} "
+                f"{_when(s.next_fire_at)}"
+            )
+        if not schedules:
+            print("(no schedules)")
+
+    return _run(args, go)
+
+
+def _render_schedule(change: Any) -> None:
+    if change.next_ms is None:
+        print(f"{change.name}: deleted")
+        return
+    what = "created" if change.created else "updated" if change.changed else "unchanged"
+    state = "paused" if change.paused else "firing"
+    next_at = datetime.fromtimestamp(change.next_ms / 1000, UTC).isoformat()
+    print(f"{change.name}: {what}, {state}, next fire {next_at}")
+
+
+def _schedules_create(args: argparse.Namespace) -> int:
+    if (args.cron is None) == (args.every_ms is None):
+        print("sepp schedules create: give --cron or --every-ms (one of them)", file=sys.stderr)
+        return 2
+
+    async def go(client: Any) -> Any:
+        return await client.put_schedule(
+            args.name, args.queue, args.job_type, cron=args.cron, every_ms=args.every_ms,
+            timezone=args.timezone, payload=args.payload, encoding=args.encoding,
+            priority=args.priority, max_attempts=args.max_attempts, catch_up=args.catch_up,
+            reason=args.reason,
+        )  # fmt: skip
+
+    return _run(args, go, _render_schedule)
+
+
+def _schedules_change(args: argparse.Namespace) -> int:
+    verb = args.sub_command
+    if verb == "delete" and _without_yes(args, "schedules delete", "delete removes the schedule"):
+        return 2
+
+    async def go(client: Any) -> Any:
+        call = {
+            "pause": client.pause_schedule,
+            "resume": client.resume_schedule,
+            "delete": client.delete_schedule,
+        }[verb]
+        return await call(args.name, reason=args.reason)
+
+    def render(change: Any) -> None:
+        if verb == "delete":
+            print(f"{change.name}: deleted")
+            return
+        state = "paused" if change.paused else "firing"
+        print(f"{change.name}: {state}{'' if change.changed else ' (already)'}")
+
+    return _run(args, go, render)
+
+
+def add_schedule_commands(sub: Any) -> None:
+    schedules = sub.add_parser("schedules", help="recurring jobs: list and change schedules")
+    schedules_sub = schedules.add_subparsers(dest="sub_command", required=True)
+    s_list = schedules_sub.add_parser(
+        "list", help="schedules with their next fire time (JSON lines)"
+    )
+    _common(s_list)
+    s_list.set_defaults(func=_schedules_list)
+    create = schedules_sub.add_parser(
+        "create", help="create a schedule, or update it (same cron/timezone/every: same ticks)"
+    )
+    create.add_argument("name")
+    create.add_argument("--queue", required=True)
+    create.add_argument("--job-type", required=True, dest="job_type")
+    create.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week")
+    create.add_argument("--every-ms", dest="every_ms", type=int, metavar="N")
+    create.add_argument("--timezone", default="UTC", help="IANA name for --cron (default UTC)")
+    create.add_argument("--payload", help="the payload of each job (text)")
+    create.add_argument("--encoding", help="the payload's encoding (content type)")
+    create.add_argument("--priority", type=int, metavar="N")
+    create.add_argument("--max-attempts", dest="max_attempts", type=int, metavar="N")
+    create.add_argument(
+        "--catch-up",
+        dest="catch_up",
+        choices=CATCH_UP_POLICIES,
+        default="one",
+        help="ticks missed while down: none | one (default) | all",
+    )
+    _reason(create)
+    _common(create)
+    create.set_defaults(func=_schedules_create)
+    for name, helptext, destructive in (
+        ("pause", "fire nothing until resumed; durable", False),
+        ("resume", "fire again from the next tick (no catch-up)", False),
+        ("delete", "remove the schedule; its fired jobs stay (needs --yes)", True),
+    ):
+        cmd = schedules_sub.add_parser(name, help=helptext)
+        cmd.add_argument("name")
+        _reason(cmd)
+        if destructive:
+            _yes(cmd)
+        _common(cmd)
+        cmd.set_defaults(func=_schedules_change)
+
+
 # -- wiring --------------------------------------------------------------------------------
 
 
@@ -623,3 +771,4 @@ def add_admin_commands(sub: Any) -> None:
         _reason(cmd)
         _common(cmd)
         cmd.set_defaults(func=func)
+    add_schedule_commands(sub)

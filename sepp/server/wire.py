@@ -28,6 +28,7 @@ from sepp.core.results import (
     QueueInUse,
     QueueNotFound,
     Rejection,
+    ScheduleNotFound,
 )
 from sepp.protocol.errors import (
     FAILED_PRECONDITION,
@@ -131,6 +132,9 @@ def command_error(error: CommandError) -> tuple[str, dict[str, Any]]:
         return FAILED_PRECONDITION, body
     if isinstance(error, QueueNotFound):
         body["queue"] = error.queue
+        return NOT_FOUND, body
+    if isinstance(error, ScheduleNotFound):
+        body["schedule"] = error.name
         return NOT_FOUND, body
     if isinstance(error, NotFound):
         return NOT_FOUND, body
