@@ -1745,7 +1745,9 @@ def _decide_put_schedule(state: State, cmd: PutSchedule, now: int) -> Decision |
         created_at=old.spec.created_at if old is not None else now,
     )
     paused = old is not None and old.paused
-    if old is not None and old.spec == spec:
+    # Unchanged: the same definition, its next tick where the schedule is now (the
+    # spec's own next_ms is the one it was defined with; ticks have moved it since).
+    if old is not None and old.spec._replace(next_ms=next_ms) == spec:
         return Decision(
             (), now, ScheduleResult(cmd.name, False, False, paused, next_ms), NOTHING_WOKEN
         )

@@ -244,6 +244,19 @@ def test_the_same_definition_again_changes_nothing() -> None:
     assert h.records[-1][1] == ()
 
 
+def test_the_same_definition_after_ticks_fired_changes_nothing() -> None:
+    # Found by the simulation (SEPP_SEED=90754068): the stored definition keeps the
+    # next tick it was put with, ticks move the schedule on, and a re-put of the
+    # same table (a config reload) was taken for a change and logged again.
+    h = Harness()
+    h.accept(put(), now=T0)
+    h.accept(Sweep(), now=T0 + 1_000)
+    logged = len(h.records)
+    reply = h.accept(put(), now=T0 + 1_500)
+    assert reply == ScheduleResult("tick", False, False, False, T0 + 2_000)
+    assert len(h.records) == logged or h.records[-1][1] == ()
+
+
 def test_a_put_logs_an_admin_header_then_the_definition() -> None:
     h = Harness()
     h.accept(put(reason="heartbeat"), now=T0)
