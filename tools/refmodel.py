@@ -248,6 +248,12 @@ class Model:
         if self.config.dead_letter_retention_ms > 0:
             self.dead.append(MDeadLetter(job, cause, t, job.attempt, reason))
 
+    def _freed(self, queue: str) -> None:
+        """A job of `queue` left In-flight: a queue with a max_in_flight wakes
+        its parked reserves (the cap may have held them)."""
+        if self.policy(queue).max_in_flight is not None:
+            self.woken.add(queue)
+
     def _make_ready(self, job: MJob) -> None:
         job.status = READY
         job.due = 0
@@ -441,7 +447,14 @@ class Model:
                 continue
             ready = [j for j in self.jobs.values() if j.queue == name and j.status == READY]
             ready.sort(key=lambda j: (-j.priority, j.enqueued_at, j.arrival))
-            picked.extend(ready[: want - len(picked)])
+            take = want - len(picked)
+            in_flight_cap = self.policy(name).max_in_flight
+            if in_flight_cap is not None:  # max_in_flight: fewer jobs, never an error
+                leased = sum(
+                    1 for j in self.jobs.values() if j.queue == name and j.status == IN_FLIGHT
+                )
+                take = min(take, max(0, in_flight_cap - leased))
+            picked.extend(ready[:take])
         for job in picked:
             job.status = IN_FLIGHT
             job.due = deadline
@@ -478,6 +491,7 @@ class Model:
             return job
         self._commit_time()
         del self.jobs[job.job_id]
+        self._freed(job.queue)
         return ("ack", job.job_id)
 
     def nack(
@@ -499,6 +513,7 @@ class Model:
         if not isinstance(job, MJob):
             return job
         self._commit_time()
+        self._freed(job.queue)
         if retry == "dead_letter":
             self._kill(job, "rejected", t, reason)
             return ("nack", job.job_id, True)
@@ -752,6 +767,8 @@ class Model:
         previous = self.overrides.get(queue)
         if previous == overrides:
             return ("put_queue", queue, False, False, policy)
+        if policy.max_in_flight is not None or self.policy(queue).max_in_flight is not None:
+            self.woken.add(queue)  # a changed max_in_flight may serve parked reserves
         self.overrides[queue] = dict(overrides)
         return ("put_queue", queue, previous is None, True, policy)
 
@@ -835,6 +852,7 @@ class Model:
         for job in expired[:limit]:
             if job.attempt >= job.max_attempts:
                 self._kill(job, "lease_expired", t, None)
+                self._freed(job.queue)
                 dead_lettered += 1
             else:
                 job.attempt += 1

@@ -109,6 +109,9 @@ class QueuePolicy:
     dedup_window_ms: int = 86_400_000
     # None = unlimited; 0 rejects every enqueue.
     max_queue_depth: int | None = None
+    # Jobs of the queue leased at once, across all workers (issue 17); None =
+    # unlimited. A reserve at the cap gets fewer jobs (or waits), never an error.
+    max_in_flight: int | None = None
 
 
 POLICY_KEYS = tuple(f.name for f in dataclasses.fields(QueuePolicy))
@@ -235,6 +238,8 @@ def _validate_policy(prefix: str, p: QueuePolicy, lim: Limits) -> None:
         raise ConfigError(f"{prefix}.dedup_window_ms", "must not be negative")
     if p.max_queue_depth is not None and p.max_queue_depth < 0:
         raise ConfigError(f"{prefix}.max_queue_depth", "must not be negative")
+    if p.max_in_flight is not None and p.max_in_flight < 1:
+        raise ConfigError(f"{prefix}.max_in_flight", "must be at least 1")
 
 
 def queue_name_problem(name: object, max_bytes: int) -> str | None:

@@ -786,10 +786,14 @@ def _first_ready(state: State, queues: tuple[str, ...]) -> list[Job]:
     priority of the first queue that has one. A head is always valid (apply
     prunes); one job is always delivered, whatever its size."""
     known = state.queues
+    config = state.config
     for name in queues:
         q = known.get(name)
         if q is None or q.ready_count == 0 or q.paused:
             continue
+        cap = config.policy(name).max_in_flight
+        if cap is not None and q.in_flight_count >= cap:
+            continue  # at its max_in_flight: fewer jobs, never an error
         for level in reversed(q.ready):  # highest priority first
             if level.fifo or level.heap:
                 head = level.head()
@@ -845,14 +849,23 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
     # (every field, not only the payload) would pass the cap (one job is always
     # delivered, whatever its size).
     bytes_left = max_bytes if max_bytes is not None else -1
+    config = state.config
     for name in dict.fromkeys(queues):
         q = state.queues.get(name)
         if q is None or q.ready_count == 0 or q.paused:
             continue
+        # The queue's max_in_flight: at most `room` more of its jobs leased.
+        cap = config.policy(name).max_in_flight
+        room = -1 if cap is None else cap - q.in_flight_count
+        if cap is not None and room <= 0:
+            continue
+        taken = 0
         for level in reversed(q.ready):  # highest priority first
             if not level.fifo and not level.heap:
                 continue
-            if want - len(picked) == 1:
+            if room == taken:
+                break
+            if want - len(picked) == 1 or room - taken == 1:
                 # A head is always valid (apply prunes).
                 head = level.head()
                 candidates: Iterator[Any] = iter(() if head is None else (head,))
@@ -868,8 +881,11 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
                         return picked
                     bytes_left = max(0, bytes_left - size)
                 picked.append(job)
+                taken += 1
                 if len(picked) == want:
                     return picked
+                if taken == room:
+                    break
     return picked
 
 
@@ -889,6 +905,14 @@ def _lease_holder(
     return _fence(state, job_id, attempt, enqueued_at)
 
 
+def _freed(state: State, queue: str) -> frozenset[str]:
+    """The queues to wake when a job of `queue` leaves In-flight: the queue
+    itself when its max_in_flight may have kept parked reserves waiting."""
+    if state.config.policy(queue).max_in_flight is None:
+        return NOTHING_WOKEN
+    return frozenset((queue,))
+
+
 def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
     fields: tuple[object, ...] = cmd
     job_id, attempt, worker_id, enqueued_at = fields
@@ -896,7 +920,7 @@ def _decide_ack(state: State, cmd: Ack, now: int) -> Decision | CommandError:
     if isinstance(job, CommandError):
         return job
     event = _new_tuple(JobAcked, (job.job_id, job.attempt, cmd.worker_id))
-    return _new_tuple(Decision, ((event,), now, AckResult(job.job_id), NOTHING_WOKEN))
+    return _new_tuple(Decision, ((event,), now, AckResult(job.job_id), _freed(state, job.queue)))
 
 
 def _decide_release(state: State, cmd: Release, now: int) -> Decision | CommandError:
@@ -964,10 +988,10 @@ def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
         return job
     if cmd.retry == RETRY_DEAD_LETTER:
         event: Event = _dead_letter_event(state, job, CAUSE_REJECTED, now, cmd.reason)
-        return Decision((event,), now, NackResult(job.job_id, True), NOTHING_WOKEN)
+        return Decision((event,), now, NackResult(job.job_id, True), _freed(state, job.queue))
     if job.attempt >= job.max_attempts:
         event = _dead_letter_event(state, job, CAUSE_ATTEMPTS_EXHAUSTED, now, cmd.reason)
-        return Decision((event,), now, NackResult(job.job_id, True), NOTHING_WOKEN)
+        return Decision((event,), now, NackResult(job.job_id, True), _freed(state, job.queue))
     policy = state.config.policy(job.queue)
     if cmd.retry == RETRY_DELAY and cmd.delay_ms is not None:
         delay = min(cmd.delay_ms, policy.max_schedule_horizon_ms)
@@ -981,7 +1005,7 @@ def _decide_nack(state: State, cmd: Nack, now: int) -> Decision | CommandError:
         reason=cmd.reason,
         worker_id=cmd.worker_id,
     )
-    woken = frozenset((job.queue,)) if run_at is None else NOTHING_WOKEN
+    woken = frozenset((job.queue,)) if run_at is None else _freed(state, job.queue)
     return Decision((event,), now, NackResult(job.job_id, False), woken)
 
 
@@ -1169,6 +1193,7 @@ def _decide_sweep(state: State, cmd: Sweep, now: int) -> Decision | CommandError
         handled += 1
         if job.attempt >= job.max_attempts:
             events.append(_dead_letter_event(state, job, CAUSE_LEASE_EXPIRED, now, None))
+            woken.update(_freed(state, job.queue))
             dead_lettered += 1
         else:
             events.append(JobLeaseExpired(job_id=job.job_id, attempt=job.attempt))
@@ -1488,7 +1513,10 @@ def _decide_put_queue(state: State, cmd: PutQueue, now: int) -> Decision | Comma
         _header(cmd, ADMIN_PUT_QUEUE, name, []),
         QueueDefined(queue=name, overrides=dict(sorted(overrides.items()))),
     )
-    return Decision(events, now, PutQueueResult(name, created, True, policy), NOTHING_WOKEN)
+    # A raised (or dropped) max_in_flight may let parked reserves have jobs.
+    capped = policy.max_in_flight is not None or state.config.policy(name).max_in_flight is not None
+    woken = frozenset((name,)) if capped else NOTHING_WOKEN
+    return Decision(events, now, PutQueueResult(name, created, True, policy), woken)
 
 
 def _decide_delete_queue(state: State, cmd: DeleteQueue, now: int) -> Decision | CommandError:

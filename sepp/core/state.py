@@ -112,6 +112,7 @@ QUEUE_OVERRIDE_KEYS = (
     "max_custom_total_bytes",
     "max_custom_key_bytes",
     "max_queue_depth",
+    "max_in_flight",
 )
 
 

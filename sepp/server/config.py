@@ -157,6 +157,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "max_enqueue_batch": Key("int", _LIMIT_DEFAULTS.max_enqueue_batch, "", 1),
         "max_queue_depth": Key("opt_int", None, "live jobs per queue; unset = unlimited", 0),
+        "max_in_flight": Key(
+            "opt_int", None, "jobs of a queue leased at once; unset = unlimited", 1
+        ),
         "max_payload_bytes": Key("int", _POLICY_DEFAULTS.max_payload_bytes, "", 0),
         "max_message_bytes": Key(
             "int", _LIMIT_DEFAULTS.max_message_bytes, "one request on the wire", 1024
