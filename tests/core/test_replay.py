@@ -366,10 +366,14 @@ def test_replay_under_a_different_config_rebuilds_the_same_state(
 
 
 def test_the_random_streams_produce_every_event_type(rng: random.Random) -> None:
+    # Up to 12 streams: the rarest kinds (a schedule deleted) come up in most
+    # single streams, not all (SEPP_SEED=645306063 needed a fourth).
     seen: set[type[Any]] = set()
-    for _ in range(3):
+    for _ in range(12):
         _, records = run_stream(rng, BUSY, STEPS)
         seen |= {type(e) for _, events in records for e in events}
+        if seen == set(EVENT_CLASSES):
+            break
     assert seen == set(EVENT_CLASSES)
 
 
