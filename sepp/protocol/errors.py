@@ -43,6 +43,11 @@ REASON_FRAME_TOO_LARGE = "frame_too_large"
 REASON_OVERLOADED = "overloaded"
 REASON_SHUTTING_DOWN = "shutting_down"
 REASON_STORAGE_FAILED = "storage_failed"
+# Cluster mode (issue 19): a node that is not the serving leader refuses every
+# operation but hello / health / server_info before doing anything, with
+# ``leader`` ("host:port" or nil) and, for a request a deposed leader cannot
+# vouch for, ``outcome_unknown: true``.
+REASON_NOT_LEADER = "not_leader"
 
 
 class ProtocolError(ValueError):
