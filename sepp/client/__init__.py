@@ -44,6 +44,7 @@ from sepp.client.errors import (
     MalformedResponseError,
     MalformedServerInfoError,
     MessageTooLargeError,
+    NotLeaderError,
     OverloadedError,
     PayloadTooLarge,
     PermissionDeniedError,
@@ -71,6 +72,7 @@ from sepp.client.errors import (
 from sepp.client.sync import SyncSeppClient
 from sepp.client.types import (
     AdminOutcomes,
+    ClusterInfo,
     DeadLetterCause,
     DeadLetterRecord,
     DeleteQueueResult,
@@ -115,6 +117,7 @@ __all__ = [
     "BatchValidationError",
     "ClientClosedError",
     "ClientError",
+    "ClusterInfo",
     "ConnectError",
     "CustomEntriesTooMany",
     "CustomKeyTooLong",
@@ -151,6 +154,7 @@ __all__ = [
     "MalformedResponseError",
     "MalformedServerInfoError",
     "MessageTooLargeError",
+    "NotLeaderError",
     "OverloadedError",
     "Payload",
     "PayloadTooLarge",

@@ -32,7 +32,10 @@ the ones past theirs when it fires; `send` starts a request without a
 coroutine (the client's coalescers use it), `request` starts one and waits.
 
 Framing and encoding are `sepp.protocol`'s; this module only moves bytes.
-Reconnecting is the client's job: a closed `Connection` stays closed.
+Reconnecting is the client's job: a closed `Connection` stays closed. A
+connection the client stops using while requests are still on it (a cluster
+node that is no longer the leader) is *retired*: it takes no new request and
+closes once those have their outcomes, each its own answer.
 
 Must not import: sepp.core, sepp.storage, sepp.server.
 """
@@ -46,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sepp.client._convert import cluster_from_wire
 from sepp.client.errors import (
     DEADLINE_EXCEEDED,
     ClientClosedError,
@@ -57,6 +61,7 @@ from sepp.client.errors import (
     UnsupportedProtocolError,
     error_from_response,
 )
+from sepp.client.types import ClusterInfo
 from sepp.protocol import (
     FRAME_BYTES_MAX_DEFAULT,
     OK,
@@ -109,6 +114,8 @@ class Handshake:
     # (PROTOCOL.md 5.13), only up to these, and not at all without them.
     max_enqueue_batch: int | None = None
     max_settle_batch: int | None = None
+    # Cluster mode only (None from a single node, whose answer has no `cluster`).
+    cluster: ClusterInfo | None = None
 
 
 def parse_address(address: str) -> tuple[str, int, bool]:
@@ -153,6 +160,7 @@ def _handshake_from(body: dict[str, Any]) -> Handshake:
             auth_required=bool(body.get("auth_required", False)),
             max_enqueue_batch=_batch_limit(body.get("max_enqueue_batch")),
             max_settle_batch=_batch_limit(body.get("max_settle_batch")),
+            cluster=cluster_from_wire(body.get("cluster")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedResponseError(f"malformed hello answer: {exc}") from exc
@@ -308,6 +316,8 @@ class Connection:
         self._settling: tuple[set[int], asyncio.Future[None]] | None = None
         self._next_id = 1
         self._closed = False
+        # Retired: no new requests; closed once nothing is pending (`retire`).
+        self._retiring = False
         # Builds the error for requests still pending when the connection ends.
         self._failure: Callable[[], SeppError] | None = None
         # A connection-level error frame (request id 0), reported at the close.
@@ -382,6 +392,28 @@ class Connection:
         return self._closed
 
     @property
+    def retiring(self) -> bool:
+        """`retire` was called: this connection takes no new request."""
+        return self._retiring
+
+    def retire(self) -> None:
+        """Stop using this connection: new requests are refused (`TransportError`,
+        as on a closed one), those already sent keep waiting for their own answers
+        (or deadlines), and the connection closes once none is left. For a
+        cluster node that stopped being the leader: what it already took is
+        answered there (a refusal the client then sends on to the leader), not
+        cut off with an unknown outcome."""
+        if self._closed or self._retiring:
+            return
+        self._retiring = True
+        self._close_if_retired()
+
+    def _close_if_retired(self) -> None:
+        if self._retiring and not self._pending and not self._closed:
+            self._finish(ClientClosedError)
+            self._transport.close()
+
+    @property
     def in_flight(self) -> int:
         return len(self._pending)
 
@@ -419,7 +451,7 @@ class Connection:
         withdrawable: bool,
         future: asyncio.Future[Response] | Receiver,
     ) -> int:
-        if self._closed:
+        if self._closed or self._retiring:
             raise TransportError(f"{op}: the connection is closed")
         request_id = self._next_id
         self._next_id = 1 if request_id >= REQUEST_ID_MAX else request_id + 1
@@ -513,6 +545,7 @@ class Connection:
         # Not answered yet (cancelling the caller cancels the future it awaits).
         future.cancel()
         self._orphan(request_id, on_orphan, entry[5])
+        self._close_if_retired()
 
     def _orphan(self, request_id: int, on_orphan: OrphanHandler | None, withdrawable: bool) -> None:
         if self._closed:
@@ -560,6 +593,7 @@ class Connection:
             self._orphan(request_id, on_orphan, withdrawable)
         if earliest is not None:
             self._arm(earliest)
+        self._close_if_retired()
 
     def _send_withdraw(self, request_id: int) -> None:
         """Withdraw the parked request `request_id` (PROTOCOL.md §5.12), without
@@ -662,6 +696,8 @@ class Connection:
             future = entry[1]
             if not future.done():
                 future.set_result(response)
+            if self._retiring:
+                self._close_if_retired()
             return
         if request_id == 0 and response.status != OK:
             # A connection-level error: the server closes the connection next.

@@ -23,6 +23,7 @@ from sepp.client.errors import (
     ServerInfoError,
 )
 from sepp.client.types import (
+    ClusterInfo,
     DeadLetterCause,
     DeadLetterRecord,
     EnqueueRequest,
@@ -440,6 +441,23 @@ _FIELD_LIMITS = (
 )
 
 
+def cluster_from_wire(raw: Any) -> ClusterInfo | None:
+    """The ``cluster`` map of a hello or server_info answer (absent on a single
+    node). A role that is not a string raises `ValueError`; the other fields
+    are optional and read leniently."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("role"), str):
+        raise ValueError("'cluster' needs a 'role' string")
+    node_id, epoch, leader = raw.get("node_id"), raw.get("epoch"), raw.get("leader")
+    return ClusterInfo(
+        role=raw["role"],
+        node_id=node_id if isinstance(node_id, str) else None,
+        epoch=epoch if type(epoch) is int else None,
+        leader=leader if isinstance(leader, str) and leader else None,
+    )
+
+
 def server_info_from_wire(body: Mapping[str, Any]) -> ServerInfo:
     """A server_info answer (PROTOCOL.md §5.7)."""
     version = _info(body, "server_version", str)
@@ -451,6 +469,10 @@ def server_info_from_wire(body: Mapping[str, Any]) -> ServerInfo:
     retention = body.get("dead_letter_retention_ms")
     mode = body.get("persist_mode")
     frame_max = body.get("max_message_bytes")
+    try:
+        cluster = cluster_from_wire(body.get("cluster"))
+    except ValueError as exc:
+        raise ServerInfoError(f"malformed server info: {exc}") from exc
     try:
         return ServerInfo(
             version=version,
@@ -479,6 +501,7 @@ def server_info_from_wire(body: Mapping[str, Any]) -> ServerInfo:
             if type(retention) is int
             else timedelta(0),
             persist_mode=mode if isinstance(mode, str) else "",
+            cluster=cluster,
             **{
                 name: body[name]
                 for name in _FIELD_LIMITS

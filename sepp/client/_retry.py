@@ -41,7 +41,9 @@ class RetryPolicy:
     get_server_info, queue_stats and health, and an enqueue only when every
     job in it has an idempotency key (the server then drops the repeat). A
     reserve and a drain are never retried: a lost answer to either already
-    changed the server.
+    changed the server. (A cluster node's ``not_leader`` refusal is another
+    matter: nothing was done, and the client sends any request on to the
+    leader, policy or not; see `SeppClient.connect`.)
 
     The n-th wait is ``min(initial_backoff * multiplier**(n-1), max_backoff)``,
     times a random factor in [0.5, 1.0) when `jitter` is on. `rng` (a sepp

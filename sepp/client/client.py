@@ -9,6 +9,16 @@ Promises:
 
 * one connection at a time; it is opened (with ``hello``) by `connect` and
   reopened lazily, with the same ``hello``, by the first call after it dropped;
+* cluster mode (issue 19; several addresses, or a node whose ``hello`` answer
+  carries ``cluster``): the connection goes to the leader -- a node that
+  answers as follower or candidate is left for the leader it names, or for the
+  next address, with backoff while no leader is known; a request refused with
+  ``not_leader`` (nothing was done) is sent again at the leader, whatever the
+  operation; after a dropped connection or an ``outcome_unknown`` refusal only
+  what is safe to repeat is sent again (enqueues whose every job has an
+  idempotency key, ack / nack / extend / release, reads), never a reserve or a
+  keyless enqueue; all of it within the call's own deadline and without a
+  `RetryPolicy` (see `SeppClient.connect`);
 * every call has a deadline: `rpc_timeout`, or for a reserve its wait plus
   10 s, so the server's empty answer arrives first;
 * retries (opt-in, see `RetryPolicy`) only of transient failures and only of
@@ -36,8 +46,10 @@ import asyncio
 import functools
 import ipaddress
 import logging
+import random
 import ssl
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -45,12 +57,20 @@ from typing import Any, ClassVar
 from sepp._version import __version__
 from sepp.client import _admin, _convert, _otel
 from sepp.client._coalesce import Call, Coalescer, Outcome
-from sepp.client._connection import Connection, Endpoint, OrphanHandler, Receiver, parse_address
+from sepp.client._connection import (
+    Connection,
+    Endpoint,
+    OrphanHandler,
+    Receiver,
+    parse_address,
+)
 from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
 from sepp.client.errors import (
+    CONNECTION_LOST,
     BatchResultCountMismatchError,
     BatchValidationError,
     ClientClosedError,
+    ConnectError,
     EmptyBatchError,
     InvalidApiKeyError,
     JobConversionError,
@@ -60,8 +80,11 @@ from sepp.client.errors import (
     MalformedResponseError,
     MalformedServerInfoError,
     MessageTooLargeError,
+    NotLeaderError,
     SeppError,
     ServerInfoError,
+    TransportError,
+    UnauthenticatedError,
     UndecodableDeadLetterError,
     UndecodableJobError,
     error_from_response,
@@ -69,6 +92,7 @@ from sepp.client.errors import (
 )
 from sepp.client.types import (
     AdminOutcomes,
+    ClusterInfo,
     DeadLetterRecord,
     DeleteQueueResult,
     EnqueueAck,
@@ -90,8 +114,9 @@ from sepp.client.types import (
     UndecodableDeadLetter,
     UndecodableJob,
 )
-from sepp.protocol import OK, PROTOCOL_VERSION, Response
+from sepp.protocol import OK, PROTOCOL_VERSION, UNAVAILABLE, Response
 from sepp.protocol import messages as _messages
+from sepp.protocol.errors import REASON_NOT_LEADER
 from sepp.protocol.messages import (
     INT64_MAX,
     INT64_MIN,
@@ -146,6 +171,16 @@ SETTLE_ITEM_BYTES_MIN = 48
 BATCH_ENVELOPE_BYTES = 64
 # How many distinct reserve durations / worker ids the client keeps converted.
 RESERVE_TIMINGS_KEPT = 64
+
+# Cluster mode: while no node answers as leader (an election, ~3 s after a
+# leader dies: the lease's TTL), the client asks the addresses again after
+# waiting this long, doubling up to the maximum, times a random factor in
+# [0.5, 1.0) so that many clients do not ask in step; within the call's deadline.
+LEADER_SEARCH_BACKOFF_MIN = timedelta(milliseconds=50)
+LEADER_SEARCH_BACKOFF_MAX = timedelta(seconds=1)
+# Leader addresses learned from nodes (not among those given) that the client
+# keeps as candidates; a replaced node's address is forgotten past this many.
+LEARNED_ADDRESSES_MAX = 16
 
 
 @dataclass(frozen=True)
@@ -268,7 +303,7 @@ class SeppClient:
 
     def __init__(
         self,
-        addr: str,
+        addr: str | Sequence[str],
         *,
         api_key: str | None = None,
         retry_policy: RetryPolicy | None = None,
@@ -281,6 +316,7 @@ class SeppClient:
         max_receive_message_bytes: int | None = None,
         client_name: str = CLIENT_NAME,
         enqueue_linger: timedelta = timedelta(0),
+        follow_leader: bool = True,
     ) -> None:
         if not isinstance(enqueue_linger, timedelta) or not (
             timedelta(0) <= enqueue_linger <= ENQUEUE_LINGER_MAX
@@ -291,11 +327,36 @@ class SeppClient:
             )
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise InvalidApiKeyError()
-        host, port, scheme_tls = parse_address(addr)
-        context = _build_ssl(tls, tls_ca_cert, tls_domain, credentials, scheme_tls)
-        self._endpoint = Endpoint(addr, host, port, context, tls_domain or host)
-        if api_key is not None and context is None and not _is_loopback(host):
-            logger.warning("sending an API key to %s without TLS: it travels in plain text", addr)
+        self._endpoints: list[Endpoint] = []
+        for address in _split_addresses(addr):
+            host, port, scheme_tls = parse_address(address)
+            context = _build_ssl(tls, tls_ca_cert, tls_domain, credentials, scheme_tls)
+            endpoint = Endpoint(address, host, port, context, tls_domain or host)
+            if any((e.host, e.port) == (host, port) for e in self._endpoints):
+                continue
+            self._endpoints.append(endpoint)
+            if api_key is not None and context is None and not _is_loopback(host):
+                logger.warning(
+                    "sending an API key to %s without TLS: it travels in plain text", address
+                )
+        self._addresses = tuple(e.address for e in self._endpoints)
+        self._given = len(self._endpoints)
+        # The node connected to (or last connected to); a leader a node named,
+        # tried first by the next search.
+        self._endpoint = self._endpoints[0]
+        self._connected_once = False
+        self._leader_hint: Endpoint | None = None
+        # False: stay on the first node that answers, whatever its role.
+        self._follow_leader = follow_leader
+        # Cluster mode: several addresses, or a node's hello carried `cluster`.
+        self._failover = len(self._endpoints) > 1
+        # Connections left for the leader, closing once their requests are answered.
+        self._retired: set[Connection] = set()
+        self._search_rng = (
+            retry_policy.rng
+            if retry_policy is not None and retry_policy.rng is not None
+            else random.Random()
+        )
         self._hello: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "client": client_name}
         if api_key is not None:
             self._hello["api_key"] = api_key
@@ -323,7 +384,7 @@ class SeppClient:
     @classmethod
     async def connect(
         cls,
-        addr: str,
+        addr: str | Sequence[str],
         *,
         api_key: str | None = None,
         retry_policy: RetryPolicy | None = None,
@@ -336,11 +397,46 @@ class SeppClient:
         max_receive_message_bytes: int | None = None,
         client_name: str = CLIENT_NAME,
         enqueue_linger: timedelta = timedelta(0),
+        follow_leader: bool = True,
     ) -> SeppClient:
         """Connect to the server at `addr` and complete the handshake.
 
         `addr` is ``host:port`` (port 7463 if left out); an ``http://`` or
-        ``https://`` prefix is accepted, the latter meaning TLS. TLS is also
+        ``https://`` prefix is accepted, the latter meaning TLS.
+
+        Cluster mode (issue 19): `addr` may name several nodes, as
+        ``"h1:7463,h2:7463,h3:7463"`` or a list. The client tries them in turn
+        and keeps its one connection on the leader: a node whose ``hello``
+        answer says it is a follower is left for the leader it names; while no
+        leader is known it asks the addresses again with a short backoff, until
+        `connect_timeout` (or, for a call, the call's deadline) has passed,
+        then raises `NotLeaderError` (`ConnectError` if no node could be
+        reached). Requests are handled across a failover without user code:
+
+        * refused with ``not_leader`` (the node did nothing): sent again at the
+          leader, whatever the operation, reserve included;
+        * the connection dropped, or a deposed leader answered
+          ``outcome_unknown``: the client reconnects to the new leader and sends
+          again only what is safe -- an enqueue whose every job carries an
+          idempotency key (the leader drops a repeat: its answer may say
+          ``deduplicated``), ack, nack, extend and release (fenced by their
+          attempt: a repeat of one that was done answers ``not_found``, raised
+          as `JobNotFoundError` as always), and reads. An enqueue without keys
+          is NOT sent again (it may have been done: the caller gets the
+          `TransportError` / `NotLeaderError`, as from a single node), nor is a
+          reserve (its jobs, if it leased any, come back when their leases
+          expire: at-least-once); a long-polling reserve on a connection that
+          drops fails with `TransportError` as before, and `Worker` simply
+          reserves again on the new leader.
+
+        All of this happens within the call's deadline and needs no
+        `RetryPolicy`, which still governs the other transient failures. A
+        single address of a single node behaves as before: one connection, no
+        extra round trip (its ``hello`` answer has no ``cluster``).
+        ``follow_leader=False`` keeps the client on the first node that answers,
+        whatever its role (to ask a follower for its own `get_server_info` or
+        `health`, as ``sepp info`` does): nothing is redirected or sent again,
+        and operations a follower refuses raise `NotLeaderError`. TLS is also
         turned on by ``tls=True`` (system trust store), an `ssl.SSLContext` as
         `tls` or `credentials`, `tls_ca_cert` (PEM or DER bytes of a private
         CA) or `tls_domain` (the name to verify, when it differs from the host).
@@ -356,7 +452,9 @@ class SeppClient:
         leaves at once): more jobs per request, at that much latency.
 
         Raises `ConnectError` when the server cannot be reached or does not
-        complete the handshake in time, `UnsupportedProtocolError` when it
+        complete the handshake in time (in cluster mode: no node could be
+        reached; `NotLeaderError` when nodes answered but none as leader),
+        `UnsupportedProtocolError` when it
         speaks another protocol version, `UnauthenticatedError` when it refuses
         the API key, `InvalidApiKeyError` for an empty key.
         """
@@ -373,16 +471,40 @@ class SeppClient:
             max_receive_message_bytes=max_receive_message_bytes,
             client_name=client_name,
             enqueue_linger=enqueue_linger,
+            follow_leader=follow_leader,
         )
-        await client._ensure_connection()
-        logger.info("connected to sepp server %s (tls=%s)", addr, client._endpoint.ssl is not None)
+        try:
+            await client._ensure_connection()
+        except BaseException:
+            await client.close()
+            raise
+        logger.info(
+            "connected to sepp server %s (tls=%s)", client.address, client._endpoint.ssl is not None
+        )
         return client
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     @property
     def address(self) -> str:
+        """The address of the node connected to (in cluster mode, the leader),
+        or last connected to; before the first connection the first address."""
         return self._endpoint.address
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The addresses given to the client, in order."""
+        return self._addresses
+
+    @property
+    def cluster(self) -> ClusterInfo | None:
+        """What the connected node said of itself in its ``hello`` answer in
+        cluster mode (role, node id, epoch, leader); None for a single node or
+        without a live connection."""
+        connection = self._connection
+        if connection is None or connection.handshake is None:
+            return None
+        return connection.handshake.cluster
 
     @property
     def closed(self) -> bool:
@@ -410,6 +532,9 @@ class SeppClient:
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.close()
+        retired, self._retired = self._retired, set()
+        for old in retired:
+            await old.close()
 
     async def __aenter__(self) -> SeppClient:
         return self
@@ -417,7 +542,10 @@ class SeppClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _ensure_connection(self) -> Connection:
+    async def _ensure_connection(self, deadline: float | None = None) -> Connection:
+        """The live connection, opened (to the leader, in cluster mode) if there
+        is none. `deadline` (loop time) bounds the search for a leader; None:
+        `connect_timeout` from now."""
         connection = self._connection
         if connection is not None and not connection.closed and not self._closed:
             return connection
@@ -428,18 +556,177 @@ class SeppClient:
             if connection is None or connection.closed:
                 if connection is not None:
                     logger.info("reconnecting to sepp server %s", self._endpoint.address)
-                connection = await Connection.open(
-                    self._endpoint,
-                    hello=self._hello,
-                    timeout=self._connect_timeout,
-                    receive_bytes_max=self._receive_bytes_max,
-                )
-                self.connections_opened += 1
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + self._connect_timeout
+                connection = await self._open_leader(deadline)
                 if self._closed:
                     await connection.close()
                     raise ClientClosedError()
                 self._connection = connection
             return connection
+
+    # -- cluster mode: finding the leader ---------------------------------------------------
+
+    def _candidates(self) -> list[Endpoint]:
+        """The order of one search: a leader some node named first, then the
+        addresses from the one after the node last connected to (which goes
+        last: it just failed or stopped being the leader)."""
+        endpoints = self._endpoints
+        start = 0
+        if self._connected_once and self._endpoint in endpoints:
+            start = (endpoints.index(self._endpoint) + 1) % len(endpoints)
+        order = endpoints[start:] + endpoints[:start]
+        hint = self._leader_hint
+        if hint is not None:
+            order = [hint, *(e for e in order if e is not hint)]
+        return order
+
+    def _endpoint_for(self, address: str) -> Endpoint | None:
+        """The endpoint of a leader address a node named: one of those given,
+        or a new one (with the client's TLS settings), kept as a candidate."""
+        try:
+            host, port, _ = parse_address(address)
+        except ValueError:
+            logger.warning("a sepp node named a leader with a malformed address %r", address)
+            return None
+        for endpoint in self._endpoints:
+            if (endpoint.host, endpoint.port) == (host, port):
+                return endpoint
+        first = self._endpoints[0]
+        server_hostname = host if first.server_hostname == first.host else first.server_hostname
+        endpoint = Endpoint(address, host, port, first.ssl, server_hostname)
+        if len(self._endpoints) - self._given >= LEARNED_ADDRESSES_MAX:
+            del self._endpoints[self._given]
+        self._endpoints.append(endpoint)
+        return endpoint
+
+    def _search_delays(self) -> Iterator[float]:
+        delay = LEADER_SEARCH_BACKOFF_MIN.total_seconds()
+        cap = LEADER_SEARCH_BACKOFF_MAX.total_seconds()
+        while True:
+            yield delay * (0.5 + 0.5 * self._search_rng.random())
+            delay = min(delay * 2, cap)
+
+    async def _open_leader(self, deadline: float) -> Connection:
+        """Open a connection to the leader (a single node: to it) by `deadline`.
+
+        Tries the candidates in turn; a node that answers ``hello`` as anything
+        but leader is closed and its leader (if it names one) tried next. One
+        address of a node without ``cluster`` fails at once, as a single node
+        always did; in cluster mode the search repeats with backoff until the
+        deadline, then raises `NotLeaderError` (nodes answered, none as leader)
+        or `ConnectError` (none could be reached)."""
+        loop = asyncio.get_running_loop()
+        delays: Iterator[float] | None = None
+        not_leader: NotLeaderError | None = None
+        unreachable: ConnectError | None = None
+        while True:
+            tried: set[tuple[str, int]] = set()
+            queue = deque(self._candidates())
+            while queue:
+                endpoint = queue.popleft()
+                if (endpoint.host, endpoint.port) in tried:
+                    continue
+                tried.add((endpoint.host, endpoint.port))
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    connection = await Connection.open(
+                        endpoint,
+                        hello=self._hello,
+                        timeout=min(self._connect_timeout, remaining),
+                        receive_bytes_max=self._receive_bytes_max,
+                    )
+                except UnauthenticatedError:
+                    raise
+                except ConnectError as exc:
+                    if exc.__class__ is not ConnectError:  # UnsupportedProtocolError
+                        raise
+                    unreachable = exc
+                    continue
+                self.connections_opened += 1
+                handshake = connection.handshake
+                cluster = handshake.cluster if handshake is not None else None
+                if cluster is not None:
+                    self._failover = True
+                if cluster is None or cluster.is_leader or not self._follow_leader:
+                    self._endpoint = endpoint
+                    self._connected_once = True
+                    self._leader_hint = None
+                    return connection
+                await connection.close()
+                logger.info(
+                    "sepp node %s is a %s (leader: %s)",
+                    endpoint.address,
+                    cluster.role,
+                    cluster.leader or "unknown",
+                )
+                not_leader = NotLeaderError(
+                    f"sepp node {endpoint.address} is a {cluster.role}, not the leader",
+                    leader=cluster.leader,
+                )
+                if cluster.leader is not None:
+                    leader = self._endpoint_for(cluster.leader)
+                    if leader is not None:
+                        self._leader_hint = leader
+                        queue.appendleft(leader)
+            if not self._failover and unreachable is not None:
+                raise unreachable  # one address, no cluster: as a single node always did
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                if not_leader is not None:
+                    raise NotLeaderError(
+                        f"no sepp node answered as the leader in time (asked: "
+                        f"{', '.join(self._addresses)}): {not_leader}",
+                        leader=not_leader.leader,
+                    )
+                if unreachable is not None:
+                    raise ConnectError(", ".join(self._addresses), str(unreachable.reason))
+                raise ConnectError(", ".join(self._addresses), "no time left to connect")
+            if delays is None:
+                delays = self._search_delays()
+            await asyncio.sleep(min(next(delays), remaining))
+
+    def _leave(self, connection: Connection | None, leader: str | None) -> None:
+        """`connection`'s node is not (or no longer) the leader: the next call
+        looks for the leader (`leader`, if the node named one, first). Requests
+        already on that connection get their own answers there (`retire`)."""
+        if leader is not None:
+            endpoint = self._endpoint_for(leader)
+            if endpoint is not None:
+                self._leader_hint = endpoint
+        if connection is None or self._connection is not connection:
+            return
+        logger.info(
+            "sepp node %s is not the leader; looking for it (leader named: %s)",
+            connection.endpoint.address,
+            leader or "none",
+        )
+        self._connection = None
+        connection.retire()
+        self._retired = {c for c in self._retired if not c.closed}
+        if not connection.closed:
+            self._retired.add(connection)
+
+    def _resend(self, error: SeppError, retry_safe: bool) -> bool:
+        """Whether a request that failed with `error` goes to the leader again
+        without the `RetryPolicy`: a ``not_leader`` refusal always (nothing was
+        done); in cluster mode a dropped connection, a node shutting down or an
+        ``outcome_unknown`` refusal when the request is safe to repeat."""
+        if not self._follow_leader:
+            return False
+        if isinstance(error, NotLeaderError):
+            return not error.outcome_unknown or (self._failover and retry_safe)
+        if not self._failover or not retry_safe or not isinstance(error, TransportError):
+            return False
+        return error.code in (CONNECTION_LOST, UNAVAILABLE)
+
+    def _before_resend(self, error: SeppError, connection: Connection | None) -> None:
+        if isinstance(error, NotLeaderError):
+            self._leave(connection, error.leader)
+        elif isinstance(error, TransportError) and error.code == UNAVAILABLE:
+            self._leave(connection, None)  # shutting down: find the next leader
 
     # -- the call path ------------------------------------------------------------------------
 
@@ -461,16 +748,32 @@ class SeppClient:
         policy = self._retry_policy
         delays = None
         attempt = 1
+        loop = asyncio.get_running_loop()
+        limit = self._rpc_timeout if timeout is None else timeout
+        started = loop.time()
+        deadline = started + limit
+        sent = body
+        failed_on: Connection | None = None
+        # Resends of this call to the leader; from the second on they wait a
+        # little (the search's backoff): nodes still disagreeing on who leads,
+        # or a node that keeps dropping the connection, are not asked in a loop.
+        resends = 0
+        resend_delays: Iterator[float] | None = None
         while True:
             if failed is None:
+                failed_on = None
                 try:
                     connection = self._connection
                     if connection is None or connection.closed or self._closed:
-                        connection = await self._ensure_connection()
+                        connection = await self._ensure_connection(
+                            deadline if self._failover else None
+                        )
+                    failed_on = connection
+                    left = limit if sent is body else deadline - loop.time()
                     response = await connection.request(
                         op,
-                        body,
-                        timeout=self._rpc_timeout if timeout is None else timeout,
+                        sent,
+                        timeout=left,
                         on_orphan=on_orphan,
                         withdrawable=withdrawable,
                     )
@@ -479,6 +782,21 @@ class SeppClient:
                     raise error_from_response(op, response.status, response.body)
                 except SeppError as error:
                     failed = error
+            if self._resend(failed, retry_safe) and loop.time() < deadline:
+                # Cluster mode, failover: to the leader, within this call's deadline.
+                logger.info("%s: %s; sending it to the leader", op, failed)
+                self._before_resend(failed, failed_on)
+                if resends:
+                    if resend_delays is None:
+                        resend_delays = self._search_delays()
+                    await asyncio.sleep(min(next(resend_delays), max(0.0, deadline - loop.time())))
+                resends += 1
+                sent = dict(body)
+                if op == OP_RESERVE and type(body.get("wait_ms")) is int:
+                    waited_ms = int((loop.time() - started) * 1000)
+                    sent["wait_ms"] = max(0, body["wait_ms"] - waited_ms)
+                failed = None
+                continue
             if not retry_safe or attempt >= policy.max_attempts or not is_transient(failed):
                 raise failed
             if delays is None:
@@ -496,6 +814,10 @@ class SeppClient:
             failed = None
             await asyncio.sleep(delay)
             attempt += 1
+            # A retry under the policy has the whole timeout again.
+            started = loop.time()
+            deadline = started + limit
+            sent = body
 
     # -- coalescing ----------------------------------------------------------------------------
 
@@ -595,7 +917,7 @@ class SeppClient:
                 item["kind"] = call.op
                 items.append(item)
             body = {"items": items}
-        answered = functools.partial(self._chunk_answered, chunk, op)
+        answered = functools.partial(self._chunk_answered, chunk, op, connection)
         try:
             connection.send_to(op, body, timeout=self._rpc_timeout, receiver=Receiver(answered))
         except MessageTooLargeError as error:
@@ -622,7 +944,12 @@ class SeppClient:
             return
 
     def _chunk_answered(
-        self, chunk: list[Call], op: str, response: Response | None, error: SeppError | None
+        self,
+        chunk: list[Call],
+        op: str,
+        connection: Connection,
+        response: Response | None,
+        error: SeppError | None,
     ) -> None:
         """Hand each caller of a coalesced request its own outcome."""
         if response is None:
@@ -630,6 +957,10 @@ class SeppClient:
                 self._fail(call, error or ClientClosedError())
             return
         status, body = response.status, response.body
+        if status == UNAVAILABLE and body.get("reason") == REASON_NOT_LEADER:
+            # Not the leader (any more): its callers' retries go to the leader.
+            leader = body.get("leader")
+            self._leave(connection, leader if isinstance(leader, str) and leader else None)
         if status != OK:
             for call in chunk:
                 self._fail(call, error_from_response(call.op, status, body))
@@ -665,7 +996,9 @@ class SeppClient:
         the policy allows, else the caller gets the error."""
         if call.future.done():
             return
-        if call.retry_safe and self._retry_policy.max_attempts > 1 and is_transient(error):
+        if self._resend(error, call.retry_safe) or (
+            call.retry_safe and self._retry_policy.max_attempts > 1 and is_transient(error)
+        ):
             self._retry_alone(call, error)
             return
         call.future.set_exception(error)
@@ -866,8 +1199,12 @@ class SeppClient:
         empty — the normal idle case: call again. Every job must be acked,
         nacked or extended before ``job.ctx.lease_expires_at``.
 
-        Never retried. A job the client cannot decode is never skipped: the
-        answer is handed over as `UndecodableJobError`, whose ``undecodable``
+        Never retried after a failure that may have leased jobs (a dropped
+        connection, a deadline, ``outcome_unknown``); in a cluster, a reserve a
+        node refused as not the leader (nothing was done) is sent to the
+        leader, with what is left of its wait. A job the client cannot decode
+        is never skipped: the answer is handed over as `UndecodableJobError`,
+        whose ``undecodable``
         lists such jobs raw (id, attempt, reason; leased to you: nack them, e.g.
         to the dead-letter store, or ack them) and whose ``jobs`` holds the
         jobs of the same answer that decoded. If the caller stops waiting
@@ -1488,6 +1825,20 @@ def _dead_letters_body(
     elif queue is None and cause is None:
         raise ValueError("give ids, or a queue and / or a cause")
     return body
+
+
+def _split_addresses(addr: str | Sequence[str]) -> list[str]:
+    """The addresses of ``"h1:p,h2:p"`` or a list of them (at least one)."""
+    if isinstance(addr, str):
+        parts = addr.split(",")
+    elif isinstance(addr, Sequence) and all(isinstance(a, str) for a in addr):
+        parts = list(addr)
+    else:
+        raise TypeError(f"addr must be a str or a list of str, got {type(addr).__name__}")
+    addresses = [part.strip() for part in parts]
+    if not addresses or any(not a for a in addresses):
+        raise ValueError(f"empty address in {addr!r}")
+    return addresses
 
 
 def _deliver(call: Call, result: Any) -> None:

@@ -11,7 +11,10 @@ Shape of the tree:
 * `SeppError` is the root of everything raised here. Errors built from a server
   answer carry the wire `code`, `reason` and the whole error body as `details`.
 * `ClientError` and its subclasses: transport and protocol failures any call may
-  raise (`TransportError`, `OverloadedError`, `UnauthenticatedError`, ...).
+  raise (`TransportError`, `OverloadedError`, `UnauthenticatedError`, ...);
+  `NotLeaderError` (a `TransportError`): in cluster mode, no leader could be
+  reached before the call's deadline, or a deposed leader could not say whether
+  the request was done.
 * `LeaseError` (`JobNotFoundError`, `AttemptMismatchError`): the caller no longer
   owns the job. `ReserveError` (`UnknownQueuesError`): strict mode refused a
   reserve; `UndecodableJobError`: a reserve delivered jobs this client cannot
@@ -39,6 +42,7 @@ from sepp.protocol.errors import (
     PERMISSION_DENIED,
     REASON_ATTEMPT_MISMATCH,
     REASON_FRAME_TOO_LARGE,
+    REASON_NOT_LEADER,
     REASON_QUEUE_IN_USE,
     REASON_UNKNOWN_QUEUE,
     RESOURCE_EXHAUSTED,
@@ -78,6 +82,7 @@ __all__ = [
     "MalformedResponseError",
     "MalformedServerInfoError",
     "MessageTooLargeError",
+    "NotLeaderError",
     "OverloadedError",
     "PayloadTooLarge",
     "PermissionDeniedError",
@@ -183,6 +188,38 @@ class TransportError(ClientError):
     def __init__(self, message: str = "", *, code: str = CONNECTION_LOST) -> None:
         super().__init__(message or "the connection to the sepp server failed")
         self.code = code
+
+
+class NotLeaderError(TransportError):
+    """Cluster mode: the node asked is not the serving leader (``unavailable``
+    with reason ``not_leader``), and the client could not get the request done
+    by the leader before the call's deadline.
+
+    The client handles the ordinary case itself: a request a node refused
+    because it is not the leader was not done, so it is sent again at the
+    leader the refusal names (or the one the client finds by asking the other
+    addresses), for every operation, reserve included, within the call's
+    deadline. This error reaches the caller only when:
+
+    * no node answered as leader before the deadline (an election is taking
+      longer; `leader` is the last leader a node named, or None), or
+    * `outcome_unknown` is true: a leader lost its leadership with the request
+      in flight and cannot say whether it was done. Only requests that are
+      safe to repeat are sent again after that (an enqueue whose every job has
+      an idempotency key, ack / nack / extend / release, reads); a reserve or
+      an enqueue without keys gets this error, like a dropped connection.
+
+    `code` is ``"unavailable"`` and `reason` ``"not_leader"``; transient: a
+    `RetryPolicy` retries it for the calls it covers.
+    """
+
+    def __init__(
+        self, message: str = "", *, leader: str | None = None, outcome_unknown: bool = False
+    ) -> None:
+        super().__init__(message or "no sepp node answered as the leader", code=UNAVAILABLE)
+        self.reason = REASON_NOT_LEADER
+        self.leader = leader
+        self.outcome_unknown = outcome_unknown
 
 
 class ClientClosedError(ClientError):
@@ -697,6 +734,13 @@ def error_from_response(op: str, code: str, body: Mapping[str, Any]) -> SeppErro
         error = MessageTooLargeError(text)
     elif code == RESOURCE_EXHAUSTED:
         error = OverloadedError(text)
+    elif code == UNAVAILABLE and reason == REASON_NOT_LEADER:
+        leader = body.get("leader")
+        error = NotLeaderError(
+            text,
+            leader=leader if isinstance(leader, str) and leader else None,
+            outcome_unknown=body.get("outcome_unknown") is True,
+        )
     elif code == UNAVAILABLE:
         error = TransportError(text, code=UNAVAILABLE)
     elif code == INTERNAL:

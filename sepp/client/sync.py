@@ -29,7 +29,7 @@ import asyncio
 import collections
 import ssl
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -197,7 +197,7 @@ class SyncSeppClient:
 
     def __init__(
         self,
-        addr: str,
+        addr: str | Sequence[str],
         *,
         api_key: str | None = None,
         retry_policy: RetryPolicy | None = None,
@@ -209,6 +209,7 @@ class SyncSeppClient:
         rpc_timeout: timedelta = DEFAULT_RPC_TIMEOUT,
         max_receive_message_bytes: int | None = None,
         client_name: str = CLIENT_NAME,
+        follow_leader: bool = True,
     ) -> None:
         kwargs: dict[str, Any] = {
             "api_key": api_key,
@@ -221,6 +222,7 @@ class SyncSeppClient:
             "rpc_timeout": rpc_timeout,
             "max_receive_message_bytes": max_receive_message_bytes,
             "client_name": client_name,
+            "follow_leader": follow_leader,
         }
         self._runner = _LoopThread()
         self._closed = False
@@ -242,7 +244,7 @@ class SyncSeppClient:
     @classmethod
     def connect(
         cls,
-        addr: str,
+        addr: str | Sequence[str],
         *,
         api_key: str | None = None,
         retry_policy: RetryPolicy | None = None,
@@ -254,8 +256,12 @@ class SyncSeppClient:
         rpc_timeout: timedelta = DEFAULT_RPC_TIMEOUT,
         max_receive_message_bytes: int | None = None,
         client_name: str = CLIENT_NAME,
+        follow_leader: bool = True,
     ) -> SyncSeppClient:
-        """Connect and complete the handshake; raises as `SeppClient.connect`."""
+        """Connect and complete the handshake; raises as `SeppClient.connect`.
+        `addr` may name several cluster nodes (``"h1:p,h2:p,h3:p"`` or a list):
+        the client finds the leader and follows it across failovers as
+        `SeppClient.connect` describes."""
         client = cls(
             addr,
             api_key=api_key,
@@ -268,6 +274,7 @@ class SyncSeppClient:
             rpc_timeout=rpc_timeout,
             max_receive_message_bytes=max_receive_message_bytes,
             client_name=client_name,
+            follow_leader=follow_leader,
         )
         try:
             client._run(client._client._ensure_connection())

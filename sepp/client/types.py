@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdminOutcomes",
+    "ClusterInfo",
     "DeadLetterCause",
     "DeadLetterRecord",
     "DeleteQueueResult",
@@ -408,6 +409,28 @@ class ReserveOptions:
             raise ValueError("worker_id must not be empty")
 
 
+# The role of the serving node of a cluster (issue 19); the others are
+# "follower" and "candidate".
+ROLE_LEADER = "leader"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What a node of a cluster says of itself (in its ``hello`` answer and in
+    server info; a single node says nothing): its `role` (``"leader"``,
+    ``"follower"`` or ``"candidate"``), `node_id`, `epoch` (the leader term it
+    knows) and the address (``host:port``) of the `leader` it knows, or None."""
+
+    role: str
+    node_id: str | None = None
+    epoch: int | None = None
+    leader: str | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == ROLE_LEADER
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     """The server's version, capabilities and global limits.
@@ -448,6 +471,9 @@ class ServerInfo:
     max_worker_id_bytes: int = 256
     max_reason_bytes: int = 4096
     max_stats_queues: int = 1024
+    # Cluster mode (issue 19): the answering node's role, epoch and leader;
+    # None from a single node.
+    cluster: ClusterInfo | None = None
 
 
 class DeadLetterCause(enum.Enum):
