@@ -72,7 +72,7 @@ from sepp.protocol import (
     encode_frame,
     encode_request,
 )
-from sepp.protocol.errors import INVALID_ARGUMENT, UNAUTHENTICATED
+from sepp.protocol.errors import INVALID_ARGUMENT, REASON_NOT_LEADER, UNAUTHENTICATED
 from sepp.protocol.messages import OP_HELLO, OP_WITHDRAW, REQUEST_ID_MAX
 
 logger = logging.getLogger("sepp.client")
@@ -684,6 +684,11 @@ class Connection:
         farewell = self._farewell
         if farewell is not None:
             status, body = farewell
+            if body.get("reason") == REASON_NOT_LEADER:
+                # A node that stopped leading closed the connection: what was
+                # still pending was not refused one by one, so its outcome is
+                # unknown (only what is safe to repeat is sent again).
+                body = {**body, "outcome_unknown": True}
             return lambda: error_from_response("", status, body)
         return lambda: TransportError(message)
 

@@ -67,6 +67,7 @@ from sepp.client._connection import (
 from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
 from sepp.client.errors import (
     CONNECTION_LOST,
+    DEADLINE_EXCEEDED,
     BatchResultCountMismatchError,
     BatchValidationError,
     ClientClosedError,
@@ -688,10 +689,13 @@ class SeppClient:
                 delays = self._search_delays()
             await asyncio.sleep(min(next(delays), remaining))
 
-    def _leave(self, connection: Connection | None, leader: str | None) -> None:
-        """`connection`'s node is not (or no longer) the leader: the next call
-        looks for the leader (`leader`, if the node named one, first). Requests
-        already on that connection get their own answers there (`retire`)."""
+    def _leave(
+        self, connection: Connection | None, leader: str | None, why: str = "not the leader"
+    ) -> None:
+        """`connection`'s node is not (or no longer) the leader, or did not
+        answer in time: the next call looks for the leader (`leader`, if the
+        node named one, first). Requests already on that connection get their
+        own answers there (`retire`)."""
         if leader is not None:
             endpoint = self._endpoint_for(leader)
             if endpoint is not None:
@@ -699,8 +703,9 @@ class SeppClient:
         if connection is None or self._connection is not connection:
             return
         logger.info(
-            "sepp node %s is not the leader; looking for it (leader named: %s)",
+            "leaving sepp node %s (%s); looking for the leader (named: %s)",
             connection.endpoint.address,
+            why,
             leader or "none",
         )
         self._connection = None
@@ -726,7 +731,7 @@ class SeppClient:
         if isinstance(error, NotLeaderError):
             self._leave(connection, error.leader)
         elif isinstance(error, TransportError) and error.code == UNAVAILABLE:
-            self._leave(connection, None)  # shutting down: find the next leader
+            self._leave(connection, None, "shutting down")
 
     # -- the call path ------------------------------------------------------------------------
 
@@ -782,6 +787,10 @@ class SeppClient:
                     raise error_from_response(op, response.status, response.body)
                 except SeppError as error:
                     failed = error
+            if self._failover and _timed_out(failed):
+                # No answer in time: the node may be stopped (SIGSTOP, a
+                # partition) while another leads. Look for the leader next time.
+                self._leave(failed_on, None, "no answer in time")
             if self._resend(failed, retry_safe) and loop.time() < deadline:
                 # Cluster mode, failover: to the leader, within this call's deadline.
                 logger.info("%s: %s; sending it to the leader", op, failed)
@@ -953,6 +962,8 @@ class SeppClient:
     ) -> None:
         """Hand each caller of a coalesced request its own outcome."""
         if response is None:
+            if self._failover and error is not None and _timed_out(error):
+                self._leave(connection, None, "no answer in time")  # as in `_call`
             for call in chunk:
                 self._fail(call, error or ClientClosedError())
             return
@@ -1825,6 +1836,10 @@ def _dead_letters_body(
     elif queue is None and cause is None:
         raise ValueError("give ids, or a queue and / or a cause")
     return body
+
+
+def _timed_out(error: SeppError) -> bool:
+    return isinstance(error, TransportError) and error.code == DEADLINE_EXCEEDED
 
 
 def _split_addresses(addr: str | Sequence[str]) -> list[str]:

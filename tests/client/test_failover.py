@@ -32,8 +32,9 @@ from sepp.client import (
     Worker,
 )
 from sepp.client.errors import error_from_response
+from sepp.protocol import Request
 from tests.client.clusterfake import FakeCluster, closed_port_address, fake_cluster
-from tests.client.fakeserver import FakeServer
+from tests.client.fakeserver import CLOSE, SILENT, FakeConnection, FakeServer
 from tests.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("in_process_env")
@@ -148,15 +149,23 @@ async def test_one_address_of_a_single_node_costs_one_connection_and_no_extra_ro
         assert client.connections_opened == 1
 
 
-async def test_one_unreachable_address_of_a_single_node_fails_at_once() -> None:
-    dead = await closed_port_address()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    with pytest.raises(ConnectError):
-        await SeppClient.connect(dead, connect_timeout=timedelta(seconds=30))
-    # No search for a leader with backoff: the first refusal is the answer
-    # (well inside the 30 s it would otherwise spend).
-    assert loop.time() - started < 15
+async def test_one_address_that_fails_the_handshake_is_tried_once_as_always() -> None:
+    accepted: list[int] = []
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        writer.close()
+
+    listener = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ConnectError):
+            await SeppClient.connect(f"127.0.0.1:{port}", connect_timeout=timedelta(seconds=30))
+        # No search for a leader with backoff: the one failure is the answer.
+        assert accepted == [1]
+    finally:
+        listener.close()
+        await listener.wait_closed()
 
 
 async def test_follow_leader_false_stays_on_a_follower_and_reports_its_role() -> None:
@@ -387,6 +396,49 @@ async def test_a_nack_and_an_extend_on_a_dropped_connection_are_sent_again() -> 
         finally:
             await client.close()
         assert await counts(cluster) == (1, 1)
+
+
+async def test_a_not_leader_farewell_frame_leaves_the_pending_requests_outcome_unknown() -> None:
+    async with fake_cluster(batches=False) as cluster:
+        a, b, _ = cluster.nodes
+        client = await SeppClient.connect(cluster.addresses)
+
+        def step_down_and_close(conn: FakeConnection, request: Request) -> object:
+            # A connection-level error frame (request id 0), then the close:
+            # the enqueue pending on it was not refused on its own.
+            cluster.elect(b)
+            conn.send(0, "unavailable", {"message": "bye", "reason": "not_leader"})
+            return CLOSE
+
+        a.server.on("enqueue", step_down_and_close)
+        try:
+            with pytest.raises(NotLeaderError) as raised:
+                await client.enqueue(job())
+            assert raised.value.outcome_unknown
+            assert b.forwarded == []  # a keyless enqueue is not sent again
+        finally:
+            await client.close()
+
+
+async def test_a_leader_that_stops_answering_is_left_after_the_call_deadline() -> None:
+    async with fake_cluster() as cluster:
+        a, b, _ = cluster.nodes
+        client = await SeppClient.connect(cluster.addresses, rpc_timeout=QUICK)
+
+        def stopped(conn: FakeConnection, request: Request) -> object:
+            cluster.elect(b)  # as if a were SIGSTOPped and b took over
+            return SILENT
+
+        a.server.on("queue_stats", stopped)
+        try:
+            with pytest.raises(TransportError) as raised:
+                await client.queue_stats(["q"])
+            assert raised.value.code == "deadline_exceeded"
+            # The connection to a stays open, but the next call looks for the leader.
+            await client.queue_stats(["q"])
+            assert client.address == b.address and b.forwarded == ["queue_stats"]
+        finally:
+            await client.close()
 
 
 # -- the blocking client and the Worker across a failover -------------------------------------
