@@ -134,7 +134,8 @@ def taskset(core: str | None) -> list[str]:
 
 class ServeProcess:
     """`sepp serve --listen 127.0.0.1:0` in a child process; its ports read from the lines
-    it prints first (`sepp listening on`, `sepp admin on`, `sepp grpc on`)."""
+    it prints first (`sepp listening on`, `sepp admin on`, `sepp grpc on`). `prefix` is a
+    command to run it under (valgrind, for one)."""
 
     def __init__(
         self,
@@ -148,12 +149,13 @@ class ServeProcess:
         wait_for_grpc: bool = False,
         remove_data_dir: bool = True,
         stop_timeout_s: float = 60.0,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
         self.remove_data_dir = remove_data_dir
         self.stop_timeout_s = stop_timeout_s
         cmd = [
-            *taskset(core),
+            *taskset(core), *prefix,
             sys.executable, "-m", "sepp.server.cli", "serve",
             "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--persist-mode", persist_mode,
             *args,
