@@ -398,6 +398,20 @@ CATALOGUE: tuple[EventSpec, ...] = (
             _f("next_ms", "int", "Its next tick."),
         ),
     ),
+    EventSpec(
+        type_id=26,
+        name="LeaderChanged",
+        version=1,
+        meaning=(
+            "Cluster mode: a node became the leader; it appends this record (fenced) "
+            "before serving. No job state changes."
+        ),
+        fields=(
+            _f("epoch", "int", "The epoch it leads (the previous leader's + 1)."),
+            _f("node_id", "str", "The new leader's node id."),
+            _f("address", "str", "Where clients reach it (host:port)."),
+        ),
+    ),
 )
 
 EVENT_SPECS_BY_TYPE: Mapping[int, EventSpec] = MappingProxyType(

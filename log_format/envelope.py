@@ -42,6 +42,7 @@ __all__ = [
     "COMMAND_EXTEND",
     "COMMAND_KINDS",
     "COMMAND_KIND_NAMES",
+    "COMMAND_LEADER_CHANGE",
     "COMMAND_NACK",
     "COMMAND_RELEASE",
     "COMMAND_REQUEUE_DEAD_LETTERS",
@@ -72,6 +73,7 @@ COMMAND_DEAD_LETTER_JOBS = 9  # admin
 COMMAND_REQUEUE_DEAD_LETTERS = 10  # admin
 COMMAND_RELEASE = 11  # an attempt handed back unused (delivered to nobody)
 COMMAND_ADMIN = 12  # an operator's action (issue 15); its AdminAction event names it
+COMMAND_LEADER_CHANGE = 13  # cluster mode: a new leader's fenced first record (issue 19)
 
 COMMAND_KIND_NAMES = {
     COMMAND_ENQUEUE: "enqueue",
@@ -86,6 +88,7 @@ COMMAND_KIND_NAMES = {
     COMMAND_REQUEUE_DEAD_LETTERS: "requeue_dead_letters",
     COMMAND_RELEASE: "release",
     COMMAND_ADMIN: "admin",
+    COMMAND_LEADER_CHANGE: "leader_change",
 }
 COMMAND_KINDS = frozenset(COMMAND_KIND_NAMES)
 

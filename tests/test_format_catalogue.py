@@ -72,6 +72,7 @@ SAMPLES: list[Any] = [
     core.ScheduleDeleted(name="nightly"),
     core.ScheduleAdvanced(name="tick", fired=(T + 1000, T + 2000), skipped=0, next_ms=T + 3000),
     core.ScheduleAdvanced(name="tick", fired=(), skipped=4, next_ms=T + 3000),
+    core.LeaderChanged(epoch=2, node_id="n2", address="10.0.0.2:7420"),
 ]  # fmt: skip
 
 

@@ -37,6 +37,7 @@ from sepp.core.events import (
     JobPromoted,
     JobReleased,
     JobReserved,
+    LeaderChanged,
     QueueDefined,
     QueueDeleted,
     QueuePaused,
@@ -459,13 +460,17 @@ def _apply_schedule_deleted(state: State, ev: ScheduleDeleted) -> None:
         heappop(heap)
 
 
+def _apply_leader_changed(state: State, ev: LeaderChanged) -> None:
+    """A marker in the log (cluster mode): no job state changes."""
+
+
 def _apply_schedule_advanced(state: State, ev: ScheduleAdvanced) -> None:
     sched = _schedule(state, ev.name, ev)
     sched.next_ms = ev.next_ms
     state.push_schedule(sched)
 
 
-_APPLY: list[Callable[[State, Any], None] | None] = [None] * 26
+_APPLY: list[Callable[[State, Any], None] | None] = [None] * 27
 _APPLY[JobEnqueued.TYPE] = _apply_enqueued
 _APPLY[JobReserved.TYPE] = _apply_reserved
 _APPLY[JobAcked.TYPE] = _apply_acked
@@ -491,6 +496,7 @@ _APPLY[SchedulePaused.TYPE] = _apply_schedule_paused
 _APPLY[ScheduleResumed.TYPE] = _apply_schedule_resumed
 _APPLY[ScheduleDeleted.TYPE] = _apply_schedule_deleted
 _APPLY[ScheduleAdvanced.TYPE] = _apply_schedule_advanced
+_APPLY[LeaderChanged.TYPE] = _apply_leader_changed
 APPLY_TABLE: tuple[Callable[[State, Any], None] | None, ...] = tuple(_APPLY)
 
 

@@ -396,6 +396,26 @@ class DeleteSchedule(AdminCommand):
     name: str
 
 
+# Cluster mode (issue 19): the envelope command kind of ChangeLeader
+# (log_format COMMAND_LEADER_CHANGE).
+LEADER_CHANGE_COMMAND_KIND = 13
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChangeLeader:
+    """Cluster mode: the node `node_id`, reachable at `address`, leads `epoch`
+    from now on. A new leader appends it (fenced) before it serves anything."""
+
+    epoch: int
+    node_id: str
+    address: str
+    KIND: ClassVar[int] = LEADER_CHANGE_COMMAND_KIND
+
+    @property
+    def kind(self) -> int:
+        return self.KIND
+
+
 Command = (
     Enqueue
     | Reserve
@@ -420,6 +440,7 @@ Command = (
     | PauseSchedule
     | ResumeSchedule
     | DeleteSchedule
+    | ChangeLeader
 )
 
 COMMAND_KIND_NAMES = {
@@ -434,4 +455,5 @@ COMMAND_KIND_NAMES = {
     9: "dead_letter_jobs",
     10: "requeue_dead_letters",
     11: "release",
+    13: "leader_change",
 }

@@ -37,6 +37,7 @@ from sepp.core.commands import (
     AdminDeadLetterJobs,
     AdminRequeueDeadLetters,
     CancelJobs,
+    ChangeLeader,
     Command,
     DeadLetterJobs,
     DeleteDeadLetters,
@@ -106,6 +107,7 @@ from sepp.core.events import (
     JobPromoted,
     JobReleased,
     JobReserved,
+    LeaderChanged,
     QueueDefined,
     QueueDeleted,
     QueuePaused,
@@ -142,6 +144,7 @@ from sepp.core.results import (
     JobTypeNameTooLong,
     JobTypeNotAllowed,
     JobView,
+    LeaderChangeResult,
     NackResult,
     NotFound,
     PayloadTooLarge,
@@ -1940,6 +1943,39 @@ def _sweep_schedules(
     return fired_total, skipped_total
 
 
+# ---------------------------------------------------------------------------
+# Cluster mode: a leader change (issue 19)
+
+# A node id and a leader address in UTF-8 bytes.
+NODE_ID_BYTES_MAX = 256
+LEADER_ADDRESS_BYTES_MAX = 512
+
+
+def _decide_change_leader(state: State, cmd: ChangeLeader, now: int) -> Decision | CommandError:
+    """| input | decision |
+    | --- | --- |
+    | epoch not an int >= 1 | InvalidArgument |
+    | node_id not a non-empty str of at most NODE_ID_BYTES_MAX bytes | InvalidArgument |
+    | address not a str of at most LEADER_ADDRESS_BYTES_MAX bytes | InvalidArgument |
+    | otherwise | LeaderChanged (no job state changes) |
+
+    The epoch is not checked against the log's: the cluster's conditional append
+    fences a stale leader, the core cannot."""
+    epoch = _field(cmd, "epoch")
+    node_id = _field(cmd, "node_id")
+    address = _field(cmd, "address")
+    if not _is_int(epoch) or epoch < 1:
+        return InvalidArgument("epoch must be an integer >= 1")
+    if type(node_id) is not str or not node_id or _utf8_len(node_id) > NODE_ID_BYTES_MAX:
+        return InvalidArgument(
+            f"node_id must be a non-empty string of <= {NODE_ID_BYTES_MAX} bytes"
+        )
+    if type(address) is not str or _utf8_len(address) > LEADER_ADDRESS_BYTES_MAX:
+        return InvalidArgument(f"address must be a string of <= {LEADER_ADDRESS_BYTES_MAX} bytes")
+    event = LeaderChanged(epoch=epoch, node_id=node_id, address=address)
+    return Decision((event,), now, LeaderChangeResult(epoch=epoch), NOTHING_WOKEN)
+
+
 _HANDLERS: dict[type[Any], Any] = {
     Enqueue: _decide_enqueue,
     Reserve: _decide_reserve,
@@ -1964,4 +2000,5 @@ _HANDLERS: dict[type[Any], Any] = {
     PauseSchedule: _decide_pause_resume_schedule,
     ResumeSchedule: _decide_pause_resume_schedule,
     DeleteSchedule: _decide_delete_schedule,
+    ChangeLeader: _decide_change_leader,
 }

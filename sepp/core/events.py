@@ -431,6 +431,23 @@ class ScheduleAdvanced(_ScheduleAdvanced):
     VERSION: ClassVar[int] = 1
 
 
+class _LeaderChanged(NamedTuple):
+    # The epoch the new leader leads (the previous leader's + 1).
+    epoch: int
+    node_id: str
+    # Where clients reach the new leader ("host:port").
+    address: str
+
+
+class LeaderChanged(_LeaderChanged):
+    """Cluster mode: a node became the leader and appended this, fenced, before
+    serving. It changes no job state; it marks the epoch in the log."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int] = 26
+    VERSION: ClassVar[int] = 1
+
+
 # AdminAction.action values (stable: the log stores them).
 ADMIN_DEAD_LETTER_JOBS = "jobs.dead_letter"
 ADMIN_CANCEL_JOBS = "jobs.cancel"
@@ -488,6 +505,7 @@ Event = (
     | ScheduleResumed
     | ScheduleDeleted
     | ScheduleAdvanced
+    | LeaderChanged
 )
 
 EVENT_CLASSES: tuple[type[Any], ...] = (
@@ -516,6 +534,7 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
     ScheduleResumed,
     ScheduleDeleted,
     ScheduleAdvanced,
+    LeaderChanged,
 )
 
 # type id -> class; a list indexed by type id is the fastest dispatch in CPython.

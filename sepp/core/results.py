@@ -461,6 +461,12 @@ class ScheduleResult(NamedTuple):
     next_ms: int | None
 
 
+class LeaderChangeResult(NamedTuple):
+    """ChangeLeader: the epoch now led."""
+
+    epoch: int
+
+
 Reply = (
     EnqueueResult
     | AtomicRejected
@@ -478,4 +484,5 @@ Reply = (
     | PutQueueResult
     | DeleteQueueResult
     | ScheduleResult
+    | LeaderChangeResult
 )

@@ -377,20 +377,52 @@ class Engine:
         self._fail(exc)
         return StorageFailed(f"log sync failed: {exc}")
 
-    def _write_pending(self, *, sync: bool) -> int | None:
-        if self.failure is not None:
-            raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
+    def _take(self) -> tuple[list[bytes], int, int, int, int] | None:
+        """Everything buffered, handed over: (parts, records, bytes, last seq, time)."""
         with self._lock:
             batch = self._pending
             if not batch:
                 return None
-            records = self._pending_records
-            size = self._pending_bytes
+            taken = (batch, self._pending_records, self._pending_bytes, self.appended_seq)
             self._pending = []
             self._pending_bytes = 0
             self._pending_records = 0
-            last_seq = self.appended_seq
-            time_ms = self._pending_time_ms
+            return (*taken, self._pending_time_ms)
+
+    def take_pending(self) -> tuple[bytes, int, int, int] | None:
+        """Cluster mode's group commit (sepp/cluster): hand over everything
+        buffered -- exactly the bytes `flush` would write to the segment -- as
+        (records, first seq, last seq, time of the newest), or None. The caller
+        makes them durable elsewhere, then calls `synced(last_seq)` (or
+        `sync_failed`); one batch at a time, in order."""
+        if self.failure is not None:
+            raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
+        taken = self._take()
+        if taken is None:
+            return None
+        batch, records, size, last_seq, time_ms = taken
+        self.stats["flushes"] += 1
+        self.stats["records"] += records
+        self.stats["bytes"] += size
+        return b"".join(batch), last_seq - records + 1, last_seq, time_ms
+
+    def applied_from_log(self, last_seq: int) -> None:
+        """Cluster mode (a follower): the records up to `last_seq` were applied to
+        `state` from the replicated log, where they are durable. Nothing may be
+        buffered."""
+        with self._lock:
+            if self._pending:
+                raise StorageFailed("records applied from the log over buffered ones")
+            self.appended_seq = last_seq
+        self.synced(last_seq)
+
+    def _write_pending(self, *, sync: bool) -> int | None:
+        if self.failure is not None:
+            raise StorageFailed(f"storage has failed: {self.failure}") from self.failure
+        taken = self._take()
+        if taken is None:
+            return None
+        batch, records, size, last_seq, time_ms = taken
         first_seq = last_seq - records + 1
         # A large batch goes to the writer as its parts: one pwritev, which releases
         # the GIL for the copy (b"".join would hold it, stalling the event loop).

@@ -58,6 +58,7 @@ from sepp.core.commands import (
     AdminDeadLetterJobs,
     AdminRequeueDeadLetters,
     CancelJobs,
+    ChangeLeader,
     DeleteDeadLetters,
     DeleteQueue,
     DeleteSchedule,
@@ -180,9 +181,17 @@ def random_command(rng: random.Random, state: State, now: int) -> Command:
             "pause_schedule",
             "resume_schedule",
             "delete_schedule",
+            "leader_change",
         ),
-        weights=(5, 5, 2, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.3, 0.5, 0.5, 1, 0.3, 0.3, 0.2),
+        weights=(
+            *(5, 5, 2, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.3, 0.5, 0.5, 1, 0.3, 0.3, 0.2),
+            0.2,
+        ),
     )[0]
+    if kind == "leader_change":
+        return ChangeLeader(
+            epoch=rng.randrange(1, 5), node_id=rng.choice(("n1", "n2")), address="h:1"
+        )
     if kind == "enqueue":
         jobs = tuple(random_job(rng, now) for _ in range(rng.randrange(1, 5)))
         return Enqueue(jobs=jobs, atomic=rng.random() < 0.2)

@@ -48,9 +48,9 @@ def sample(spec: Any) -> list[Any]:
     return [spec.type_id, spec.version, *(GOOD[field.type][-1] for field in spec.fields)]
 
 
-def test_catalogue_has_twenty_five_events_with_ids_one_to_twenty_five() -> None:
-    assert [spec.type_id for spec in CATALOGUE] == list(range(1, 26))
-    assert set(EVENT_SPECS_BY_TYPE) == set(range(1, 26))
+def test_catalogue_has_twenty_six_events_with_ids_one_to_twenty_six() -> None:
+    assert [spec.type_id for spec in CATALOGUE] == list(range(1, 27))
+    assert set(EVENT_SPECS_BY_TYPE) == set(range(1, 27))
     assert all(spec.version == 1 for spec in CATALOGUE)
 
 
@@ -107,7 +107,7 @@ def test_validate_event_names_the_field_with_the_wrong_type(type_name: str) -> N
         ("ab", "event is not an array of at least 2 elements"),
         ({0: 3, 1: 1}, "event is not an array of at least 2 elements"),
         ([0, 1], "unknown event type id 0"),
-        ([26, 1], "unknown event type id 26"),
+        ([27, 1], "unknown event type id 27"),
         ([True, 1, JOB], "unknown event type id True"),
         (["7", 1, JOB], "unknown event type id '7'"),
         ([7, 2, JOB], "JobPromoted version 2 is not supported (expected 1)"),

@@ -131,12 +131,13 @@ def test_encode_refuses_a_bad_synced_seq(synced_seq: Any) -> None:
         encode_envelope(5, COMMAND_ENQUEUE, [], synced_seq)
 
 
-def test_command_kinds_are_one_to_twelve() -> None:
-    assert sorted(COMMAND_KINDS) == list(range(1, 13))
+def test_command_kinds_are_one_to_thirteen() -> None:
+    assert sorted(COMMAND_KINDS) == list(range(1, 14))
     assert COMMAND_KIND_NAMES[2] == "enqueue_atomic"
     assert COMMAND_KIND_NAMES[10] == "requeue_dead_letters"
     assert COMMAND_KIND_NAMES[11] == "release"
     assert COMMAND_KIND_NAMES[12] == "admin"
+    assert COMMAND_KIND_NAMES[13] == "leader_change"
 
 
 # ---------------------------------------------------------------- decode errors
@@ -189,7 +190,7 @@ BAD_ENVELOPES = [
     ("float time", pack([1, 1.5, 1, []]), "bad envelope time_ms 1.5"),
     ("bool time", pack([1, False, 1, []]), "bad envelope time_ms False"),
     ("command 0", pack([1, 0, 0, []]), "unknown command kind 0"),
-    ("command 13", pack([1, 0, 13, []]), "unknown command kind 13"),
+    ("command 14", pack([1, 0, 14, []]), "unknown command kind 14"),
     ("command true", pack([1, 0, True, []]), "unknown command kind True"),
     ("command nil", pack([1, 0, None, []]), "unknown command kind None"),
     ("events map", pack([1, 0, 1, {}]), "envelope events is not an array"),
@@ -227,7 +228,7 @@ def test_long_reasons_are_clipped() -> None:
         ((1.0, 1, []), "time_ms"),
         ((True, 1, []), "time_ms"),
         ((0, 0, []), "command kind"),
-        ((0, 13, []), "command kind"),
+        ((0, 14, []), "command kind"),
         ((0, True, []), "command kind"),
         ((0, [1], []), "command kind"),
         ((0, 1, ()), "events must be a list"),

@@ -58,6 +58,7 @@ from sepp.core.commands import (
     AdminDeadLetterJobs,
     AdminRequeueDeadLetters,
     CancelJobs,
+    ChangeLeader,
     DeleteDeadLetters,
     DeleteQueue,
     DeleteSchedule,
@@ -328,8 +329,11 @@ class Workload:
                 "pause_schedule",
                 "resume_schedule",
                 "delete_schedule",
+                "leader_change",
             )
         )
+        if kind == "leader_change":
+            return ChangeLeader(epoch=rng.randrange(1, 5), node_id="n1", address="h:1")
         if kind == "put_schedule":
             return PutSchedule(
                 name=rng.choice(("s1", "s2")),

@@ -1,0 +1,382 @@
+"""The storage engine on a replicated log: the leader's write path and the
+follower's apply path (cluster mode, issue 19).
+
+Owns: `new_cluster_engine` (an `Engine` whose group commit goes to the
+replicated log instead of a segment file: `ClusterLogWriter` is its writer
+seam), `LogApplier` (a follower: verifies and applies batches through the
+replay path), `LogCommitter` (the leader: each group commit becomes one fenced
+`append_if`), the errors `NotLeader` and `LogMismatch`, and `state_hash`.
+
+Promises:
+- The leader's replies wait for the log: `Engine.durable_seq` (what
+  `CommitPipeline` releases replies by) advances only when `append_if`
+  acknowledged the batch holding the records. A refused append, or one whose
+  outcome stays unknown after reading the tail, fails the committer with
+  `NotLeader` and nothing more is released: the caller steps down and
+  rebuilds its state from the log (the in-memory state may hold effects the
+  log never got).
+- An unknown outcome is resolved by reading the tail, never guessed: our batch
+  found at the expected sequence counts as appended; the tail still at the
+  expected sequence means it was not, and the append is tried again; anything
+  else is a refusal.
+- A follower applies only batches that pass `check_batch` (CRC, chain,
+  record seq continuity, epoch and time never backwards) and whose records all
+  replay; anything else raises `LogMismatch` naming the log sequence, and the
+  node must stop: it never skips a batch.
+
+Must not import: sepp.server, sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+from log_format import RECORD_HEADER_BYTES, Corruption, Record, TornTail, scan_records
+from sepp.cluster.batch import ChainTip, check_batch, encode_batch
+from sepp.cluster.replog import AppendOutcomeUnknown, AppendRefused, Entry, ReplicatedLog
+from sepp.core.config import CoreConfig
+from sepp.core.state import State
+from sepp.storage import Engine, StorageFailed, StorageOptions
+from sepp.storage.fs import RealFileSystem
+from sepp.storage.recovery import RecoveryReport
+from sepp.storage.replay import ReplayError, replay_run
+from sepp.storage.wal import SegmentWriter
+
+log = logging.getLogger("sepp.cluster")
+
+# A batch message at most this long (JetStream's default max payload is 1 MiB;
+# the envelope adds under 64 bytes). A group commit over it is split at record
+# boundaries; a single record over it still goes alone (the backend refuses it
+# if it is over the server's limit: keep payload limits below).
+BATCH_BYTES_MAX = 1024 * 1024 - 1024
+# An append whose outcome is unknown: how often the tail is read before giving
+# up (each read after RESOLVE_PAUSE_S).
+RESOLVE_ATTEMPTS = 20
+RESOLVE_PAUSE_S = 0.1
+
+_RECORD_LEN = struct.Struct("<I")
+
+
+class NotLeader(StorageFailed):
+    """This node stopped leading: nothing more is appended or released. A request
+    whose record was in an append that failed has `outcome_unknown` (it may or may
+    not be in the log); a refused append appended nothing."""
+
+    def __init__(self, message: str, *, outcome_unknown: bool) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
+
+
+class LogMismatch(RuntimeError):
+    """The replicated log holds something this node cannot apply: it stops."""
+
+    def __init__(self, log_seq: int, reason: str) -> None:
+        super().__init__(f"replicated log message {log_seq}: {reason}; the node stops")
+        self.log_seq = log_seq
+        self.reason = reason
+
+
+class ClusterLogWriter:
+    """The `SegmentWriter` seam of an engine whose log is replicated: nothing is
+    written here (`Engine.take_pending` hands the records to `LogCommitter`); it
+    only keeps what the engine reads of its writer."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.segments: list[Any] = []
+        self.synced_seq = 0
+        self.handle = -1
+
+    def mark_synced(self, last_seq: int) -> None:
+        self.synced_seq = max(self.synced_seq, last_seq)
+
+    def append(self, *args: Any, **kwargs: Any) -> None:
+        raise OSError("a cluster engine's records go to the replicated log (take_pending)")
+
+    def sync(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def new_cluster_engine(config: CoreConfig, data_dir: str = "") -> Engine:
+    """An empty engine whose log is the replicated log (no local files: snapshots
+    only when asked, and they go to the object store)."""
+    options = StorageOptions(snapshot_every_bytes=0, snapshot_mode="inline")
+    writer = cast(SegmentWriter, ClusterLogWriter())
+    return Engine(
+        RealFileSystem(), data_dir, State(config), writer, 1, options, RecoveryReport(), None
+    )
+
+
+def state_hash(state: State) -> str:
+    """A digest of `State.canonical()`: equal states, equal hashes (the nodes of a
+    cluster compare theirs at the same sequence)."""
+    return hashlib.blake2b(repr(state.canonical()).encode(), digest_size=16).hexdigest()
+
+
+def _record_ends(records: bytes) -> list[tuple[int, int]]:
+    """(end offset, seq) of each back-to-back record (headers only: the records
+    were just encoded by the engine)."""
+    ends = []
+    offset = 0
+    view = memoryview(records)
+    while offset < len(view):
+        (length,) = _RECORD_LEN.unpack_from(view, offset + 8)
+        (seq,) = struct.unpack_from("<Q", view, offset + 16)
+        offset += RECORD_HEADER_BYTES + length
+        ends.append((offset, seq))
+    return ends
+
+
+def split_records(
+    records: bytes, first_seq: int, last_seq: int, max_bytes: int
+) -> list[tuple[bytes, int, int]]:
+    """One group commit's records as chunks of at most `max_bytes` (a record
+    longer than that alone), cut at record boundaries: (bytes, first, last)."""
+    if len(records) <= max_bytes:
+        return [(records, first_seq, last_seq)]
+    chunks = []
+    start = 0
+    chunk_first = first_seq
+    previous: tuple[int, int] | None = None
+    for end, seq in _record_ends(records):
+        if end - start > max_bytes and previous is not None:
+            chunks.append((records[start : previous[0]], chunk_first, previous[1]))
+            start, chunk_first = previous[0], previous[1] + 1
+        previous = (end, seq)
+    assert previous is not None
+    chunks.append((records[start:], chunk_first, previous[1]))
+    return chunks
+
+
+class LogApplier:
+    """A follower's apply path: each message of the log, in order, checked and
+    applied to `engine.state` through `replay_run` (the replay path)."""
+
+    def __init__(self, engine: Engine, *, tip: ChainTip | None = None, log_seq: int = 0) -> None:
+        self.engine = engine
+        self.tip = tip or ChainTip()
+        # The last log sequence applied (the next append expects it).
+        self.log_seq = log_seq
+
+    def apply(self, entry: Entry) -> None:
+        """Check and apply one message. Raises LogMismatch."""
+        if entry.seq != self.log_seq + 1:
+            raise LogMismatch(entry.seq, f"expected log message {self.log_seq + 1}")
+        check = check_batch(entry.data, self.tip)
+        if not check.ok or check.batch is None:
+            raise LogMismatch(entry.seq, f"batch {check.status}: {check.reason}")
+        batch = check.batch
+        engine = self.engine
+        expected = batch.last_seq - batch.first_seq + 1
+        try:
+            result = replay_run(
+                engine.state,
+                batch.records,
+                start_offset=0,
+                expected_seq=batch.first_seq,
+                until_seq=batch.last_seq,
+            )
+        except ReplayError as exc:
+            raise LogMismatch(
+                entry.seq, f"record seq {getattr(exc, 'seq', '?')} does not apply: {exc}"
+            ) from exc
+        if result.records != expected or result.offset != len(batch.records):
+            raise LogMismatch(
+                entry.seq, _why_records_stop(batch.records, result.offset, result.seq)
+            )
+        engine.applied_from_log(batch.last_seq)
+        self.tip = self.tip.after(batch)
+        self.log_seq = entry.seq
+
+
+def _why_records_stop(records: bytes, offset: int, seq: int) -> str:
+    """Why a batch's records stop at `offset` / `seq`, before its last_seq."""
+    if offset >= len(records):
+        return f"the batch's records end before its last_seq (at record seq {seq})"
+    for item in scan_records(records, start_offset=offset, expected_seq=seq):
+        if isinstance(item, Record):
+            continue
+        if isinstance(item, Corruption | TornTail):
+            return f"record seq {seq}: {item.reason} at offset {item.offset}"
+        break
+    return f"record seq {seq} ends the run: more records than the batch's last_seq"
+
+
+async def catch_up(applier: LogApplier, log_: ReplicatedLog, *, until: int | None = None) -> int:
+    """Apply every message up to `until` (default: the log's last now)."""
+    last = await log_.last() if until is None else until
+    while applier.log_seq < last:
+        entries = await log_.read(applier.log_seq + 1, min(1024, last - applier.log_seq))
+        if not entries:
+            raise LogMismatch(applier.log_seq + 1, "the log ended before its last sequence")
+        for entry in entries:
+            applier.apply(entry)
+    return applier.log_seq
+
+
+class LogCommitter:
+    """The leader's group commit: whenever records are buffered, append them to
+    the replicated log as one batch (split at `BATCH_BYTES_MAX`), expecting the
+    last sequence this node applied or appended; on its acknowledgement the
+    records are durable (`engine.synced`). One append in flight at a time.
+
+    The face of `GroupCommitter` (start / wake / stop; `on_durable(seq)` and
+    `on_failure(exc)` called on the loop thread), so `CommitPipeline` can run it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        log_: ReplicatedLog,
+        *,
+        epoch: int,
+        tip: ChainTip,
+        log_seq: int,
+        on_durable: Callable[[int], object],
+        on_failure: Callable[[BaseException], object],
+        max_bytes: int = BATCH_BYTES_MAX,
+        resolve_pause_s: float = RESOLVE_PAUSE_S,
+    ) -> None:
+        self.engine = engine
+        self.log = log_
+        self.epoch = epoch
+        self.tip = tip
+        self.log_seq = log_seq
+        self.on_durable = on_durable
+        self.on_failure = on_failure
+        self.max_bytes = max_bytes
+        self.resolve_pause_s = resolve_pause_s
+        self.failure: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self.appends = 0
+
+    def bind(
+        self, on_durable: Callable[[int], object], on_failure: Callable[[BaseException], object]
+    ) -> None:
+        """Report to someone else from now on (the server's commit pipeline)."""
+        self.on_durable = on_durable
+        self.on_failure = on_failure
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sepp-log-commit")
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The running committer (done once it failed or stopped)."""
+        return self._task
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Append what is buffered, then stop."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    def cancel(self) -> None:
+        """Stop at once (stepping down): nothing more is appended."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        engine = self.engine
+        while True:
+            if not engine.has_pending():
+                if self._stopping:
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                await self.commit_once()
+            except StorageFailed as exc:
+                self.failure = exc
+                self.on_failure(exc)
+                return
+
+    async def commit_once(self) -> int | None:
+        """Append everything buffered; returns the new durable seq (None: nothing
+        was buffered). Raises NotLeader (and the engine fails)."""
+        engine = self.engine
+        taken = engine.take_pending()
+        if taken is None:
+            return None
+        records, first_seq, last_seq, time_ms = taken
+        for chunk, first, last in split_records(records, first_seq, last_seq, self.max_bytes):
+            message, digest = encode_batch(
+                epoch=self.epoch,
+                first_seq=first,
+                last_seq=last,
+                time_ms=max(time_ms, self.tip.time_ms),
+                prev_hash=self.tip.hash,
+                records=chunk,
+            )
+            await self._append(message, last)
+            self.tip = ChainTip(digest, last + 1, self.epoch, max(time_ms, self.tip.time_ms))
+            self.log_seq += 1
+            self.appends += 1
+            # Durable chunk by chunk: a later chunk's refusal must not hide it.
+            engine.synced(last)
+            self.on_durable(last)
+        return last_seq
+
+    async def _append(self, message: bytes, last_record: int) -> None:
+        expected = self.log_seq
+        outcome_unknown = False
+        for _ in range(RESOLVE_ATTEMPTS):
+            try:
+                await self.log.append_if(expected, message)
+                return
+            except AppendRefused as exc:
+                # An earlier try of this append may have landed: look first.
+                if outcome_unknown and await self._landed(expected, message):
+                    return
+                raise self._lost(
+                    f"append after log message {expected} refused (record seq {last_record}): "
+                    f"{exc}",
+                    outcome_unknown=False,
+                ) from exc
+            except AppendOutcomeUnknown as exc:
+                outcome_unknown = True
+                log.warning("append after log message %d: outcome unknown (%s)", expected, exc)
+            # Resolve by reading the tail, never guess.
+            try:
+                landed = await self._landed(expected, message)
+            except Exception as exc:  # the backend's read failed too: try again
+                log.warning("reading the log's tail failed: %s", exc)
+                await asyncio.sleep(self.resolve_pause_s)
+                continue
+            if landed:
+                return
+            if await self.log.last() != expected:
+                raise self._lost(
+                    f"another writer appended after log message {expected}",
+                    outcome_unknown=False,
+                )
+            # Not there, nothing else there either: try the same append again.
+        raise self._lost(
+            f"the outcome of the append after log message {expected} stayed unknown",
+            outcome_unknown=True,
+        )
+
+    async def _landed(self, expected: int, message: bytes) -> bool:
+        entries = await self.log.read(expected + 1, 1)
+        return bool(entries) and entries[0].data == message
+
+    def _lost(self, message: str, *, outcome_unknown: bool) -> NotLeader:
+        error = NotLeader(message, outcome_unknown=outcome_unknown)
+        self.engine.sync_failed(error)
+        return error
