@@ -296,9 +296,11 @@ class JetStreamLog:
                             continue
                         quiet_s = 0.0
                         try:
-                            last = await self.last()
+                            first, last = await self.bounds()
                         except BackendUnavailable:
                             continue
+                        if expected < first:
+                            raise Purged(expected, first) from None
                         if last >= expected:
                             break  # behind the tail and quiet: recreate the consumer
                         continue

@@ -121,6 +121,9 @@ async def test_purge_below_past_the_tail_keeps_the_sequence_going(backend: Backe
         assert await b.log.last() == 2
         assert await b.log.first() == 3
         assert await b.log.read(3, 10) == []
+        tail = b.log.read_from(1)  # nothing left to deliver, and 1 is gone
+        with pytest.raises(Purged):
+            await asyncio.wait_for(anext(tail), TAIL_DEADLINE_S)
         assert await b.log.append_if(2, b"three") == 3
         assert await b.log.read(3, 10) == [Entry(3, b"three")]
 

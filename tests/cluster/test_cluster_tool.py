@@ -1,0 +1,78 @@
+"""`python -m tools.cluster`: up prints the servers' URLs and records their PIDs;
+down stops exactly those PIDs, never a process that merely reuses one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import cluster as local_cluster
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_up_prints_three_client_urls_and_down_stops_exactly_those_pids(tmp_path: Path) -> None:
+    try:
+        local_cluster.nats_server_binary()
+    except local_cluster.ClusterError as exc:
+        pytest.skip(f"nats-server is not installed: {exc}")
+    up = _run("up", "--dir", str(tmp_path))
+    assert up.returncode == 0, up.stderr
+    recorded = local_cluster.load_cluster(tmp_path)
+    try:
+        assert up.stdout.splitlines()[-1] == ",".join(recorded.urls())
+        assert len(recorded.servers) == 3
+        assert all(s.alive() for s in recorded.servers)
+        config = Path(recorded.servers[0].config_path).read_text()
+        assert "sync_interval: always" in config
+        again = _run("up", "--dir", str(tmp_path))
+        assert again.returncode == 1
+        assert "running" in again.stderr
+    finally:
+        down = _run("down", "--dir", str(tmp_path))
+    assert down.returncode == 0, down.stderr
+    assert not any(s.alive() for s in local_cluster.load_cluster(tmp_path).servers)
+
+
+def test_down_leaves_alone_a_recorded_pid_that_runs_something_else(tmp_path: Path) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        fake = {
+            "dir": str(tmp_path),
+            "servers": [
+                {
+                    "name": "n1",
+                    "client_port": 1,
+                    "cluster_port": 2,
+                    "monitor_port": 3,
+                    "config_path": str(tmp_path / "n1" / "nats.conf"),
+                    "log_path": str(tmp_path / "n1" / "nats.log"),
+                    "pid": bystander.pid,
+                }
+            ],
+        }
+        (tmp_path / local_cluster.CLUSTER_FILE).write_text(json.dumps(fake))
+        down = _run("down", "--dir", str(tmp_path))
+        assert down.returncode == 0, down.stderr
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_down_without_a_recorded_cluster_says_so(tmp_path: Path) -> None:
+    down = _run("down", "--dir", str(tmp_path))
+    assert down.returncode == 1
+    assert "no cluster recorded" in down.stderr
