@@ -282,8 +282,9 @@ class LogCommitter:
         """Append what is buffered, then stop."""
         self._stopping = True
         self._wake.set()
-        if self._task is not None:
-            await asyncio.shield(self._task)
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait([task])  # its failure was reported through on_failure
 
     def cancel(self) -> None:
         """Stop at once (stepping down): nothing more is appended."""

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from sepp._version import __version__
+from sepp.cluster.replog import ReplicatedLogError
 from sepp.core.config import ConfigError
 from sepp.server.config import example_config, load_config, load_tls_context
 from sepp.server.logs import setup_logging
@@ -47,6 +48,9 @@ def _serve(args: argparse.Namespace) -> int:
         ("grpc", "listen_addr"): args.grpc_listen,
         ("storage", "persist_mode"): args.persist_mode,
         ("auth", "api_keys_file"): args.api_keys_file,
+        ("cluster", "nats_urls"): args.cluster,
+        ("cluster", "node_id"): args.node_id,
+        ("cluster", "advertise_addr"): args.advertise,
     }
     try:
         config = load_config(args.config, overrides=overrides)
@@ -65,6 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
         # file is one line naming the setting and the file.
         load_tls_context(config)
         load_tls_context(config, "admin")
+        config.cluster  # noqa: B018 - checks [cluster] (node_id, advertise_addr) now
     except ConfigError as exc:
         print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
         return 1
@@ -82,6 +87,9 @@ def _serve(args: argparse.Namespace) -> int:
             log.critical("cannot start: %s", exc)
             return 1
         except OSError as exc:
+            log.critical("cannot start: %s", exc)
+            return 1
+        except ReplicatedLogError as exc:  # cluster mode: JetStream refused or unreachable
             log.critical("cannot start: %s", exc)
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -151,6 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-keys-file",
         metavar="FILE",
         help='the API keys, one per line ("KEY" or "NAME KEY"): auth.api_keys_file',
+    )
+    serve.add_argument(
+        "--cluster",
+        metavar="URLS",
+        help="cluster mode (issue 19): the NATS JetStream servers, comma-separated "
+        "(cluster.nats_urls)",
+    )
+    serve.add_argument("--node-id", metavar="ID", help="this node's id (cluster.node_id)")
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="where clients reach this node, named in redirects (cluster.advertise_addr; "
+        "default the listen address)",
     )
     serve.set_defaults(func=_serve)
 

@@ -48,11 +48,23 @@ ENV_CONFIG = "SEPP_CONFIG"
 
 
 @dataclass(frozen=True)
+class ClusterSettings:
+    """[cluster], checked (ServerConfig.cluster)."""
+
+    nats_urls: list[str]
+    monitor_urls: list[str]
+    node_id: str
+    advertise_addr: str
+    lease_ttl_ms: int
+    lease_renew_ms: int
+
+
+@dataclass(frozen=True)
 class Key:
     """One setting: its type, default and the comment `sepp config example` prints."""
 
     kind: str  # "int", "opt_int", "bool", "str", "str_list", "opt_str_list", "api_keys",
-    # "admin_keys", "opt_str"
+    # "admin_keys", "opt_str", "opt_rate_limit" (a { jobs, per_ms } table)
     default: Any
     doc: str
     minimum: int | None = None
@@ -268,6 +280,28 @@ SCHEMA: dict[str, dict[str, Key]] = {
             'uses port 50051); TLS and API keys as for the native listener; "off" = none',
         ),
     },
+    "cluster": {
+        "nats_urls": Key(
+            "opt_str",
+            None,
+            "cluster mode (issue 19): the NATS JetStream servers, comma-separated "
+            "(nats://host:4222,...); unset = a single node with its own log",
+        ),
+        "monitor_urls": Key(
+            "opt_str",
+            None,
+            "the JetStream servers' monitoring URLs (http://host:8222,...), to check that "
+            "they run with sync_interval: always",
+        ),
+        "node_id": Key("opt_str", None, "this node's id in the cluster (unique)"),
+        "advertise_addr": Key(
+            "opt_str",
+            None,
+            "host:port clients reach this node at (redirects name it); unset = listen_addr",
+        ),
+        "lease_ttl_ms": Key("int", 3_000, "the leader's lease lapses this long unrenewed", 1000),
+        "lease_renew_ms": Key("int", 1_000, "the leader renews its lease this often", 100),
+    },
     "logging": {
         "level": Key(
             "str",
@@ -396,6 +430,28 @@ class ServerConfig:
                 value = tuple(value)
             values[name] = value
         return QueuePolicy(**values)
+
+    @property
+    def cluster(self) -> ClusterSettings | None:
+        """[cluster] when cluster mode is on (nats_urls set), else None."""
+        c = self.values["cluster"]
+        if not c["nats_urls"]:
+            return None
+        if not c["node_id"]:
+            raise ConfigError("cluster.node_id", "cluster mode needs a node id")
+        if c["lease_renew_ms"] * 2 > c["lease_ttl_ms"]:
+            raise ConfigError("cluster.lease_renew_ms", "must be at most half of lease_ttl_ms")
+        host, port = self.listen
+        advertise = c["advertise_addr"] or f"{host}:{port}"
+        parse_listen(advertise, "cluster.advertise_addr")
+        return ClusterSettings(
+            nats_urls=[u.strip() for u in c["nats_urls"].split(",") if u.strip()],
+            monitor_urls=[u.strip() for u in (c["monitor_urls"] or "").split(",") if u.strip()],
+            node_id=c["node_id"],
+            advertise_addr=advertise,
+            lease_ttl_ms=c["lease_ttl_ms"],
+            lease_renew_ms=c["lease_renew_ms"],
+        )
 
     def storage_options(self) -> StorageOptions:
         s = self.values["storage"]

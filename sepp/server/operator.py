@@ -196,7 +196,15 @@ def _command_name(args: argparse.Namespace) -> str:
 
 def _render_info(info: Any) -> None:
     for field in dataclasses.fields(info):
+        if field.name == "cluster":
+            continue
         print(f"{field.name:32} {_jsonable(getattr(info, field.name))}")
+    cluster = getattr(info, "cluster", None)
+    if cluster is not None:  # cluster mode (issue 19): this node's view
+        print(f"{'role':32} {cluster.role}")
+        print(f"{'node_id':32} {cluster.node_id}")
+        print(f"{'epoch':32} {cluster.epoch}")
+        print(f"{'leader':32} {cluster.leader or '(none known)'}")
 
 
 def _render_stats(stats: list[Any]) -> None:

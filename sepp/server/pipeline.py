@@ -106,7 +106,7 @@ class CommitPipeline:
         # future, no closure and no extra loop turn.
         self._waiters: deque[tuple[int, Callable[..., None], tuple[Any, ...]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._committer: GroupCommitter | LoopCommitter | None = None
+        self._committer: GroupCommitter | LoopCommitter | Any = None
         self._durable_callbacks: list[Callable[[int], None]] = []
         self._wake_scheduled = False
         self._unwoken = 0  # commands waiting since the flusher was last woken
@@ -145,16 +145,32 @@ class CommitPipeline:
         )
         self._committer.start()
 
+    def start_replicated(self, committer: Any) -> None:
+        """Cluster mode (issue 19): commit through `committer`, a
+        `sepp.cluster.logengine.LogCommitter` (each group commit one fenced append
+        to the replicated log; same face as the others, on the loop thread)."""
+        self._loop = asyncio.get_running_loop()
+        self.sync_method = "replicated"
+        committer.bind(self._release, self._fail)
+        self._committer = committer
+        committer.start()
+
+    def abandon(self, error: BaseException) -> None:
+        """Cluster mode, stepping down: nothing more is committed here; every
+        waiter gets `error`."""
+        self._committer = None
+        self._fail(error)
+
     async def stop(self) -> None:
         """Flush what is buffered, release its waiters and stop the flusher."""
         committer = self._committer
         if committer is None:
             return
         self._committer = None
-        if isinstance(committer, LoopCommitter):
-            await committer.stop()
-        else:
+        if isinstance(committer, GroupCommitter):
             await asyncio.to_thread(committer.stop)
+        else:
+            await committer.stop()
         if self.failure is None:
             self._release(self.engine.durable_seq)
 

@@ -34,6 +34,7 @@ Must not import: another front end (the admin HTTP API, gRPC).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 import time
@@ -44,6 +45,7 @@ from typing import Any, cast
 
 from log_format._compiled import running_build
 from sepp._version import __version__ as SEPP_VERSION
+from sepp.cluster.logengine import NotLeader
 from sepp.core.commands import (
     RETRY_DEAD_LETTER,
     RETRY_DELAY,
@@ -68,7 +70,8 @@ from sepp.protocol import messages as pm
 from sepp.protocol.framing import FrameReader, encode_frame
 from sepp.server import admission, gcpolicy, native_admin
 from sepp.server.admission import RateLimitedLog
-from sepp.server.config import ServerConfig, load_tls_context
+from sepp.server.cluster_mode import ClusterBackend, ClusterMode, connect_backend
+from sepp.server.config import ClusterSettings, ServerConfig, load_tls_context
 from sepp.server.faults import crash_hook_from_env, hold_recovery_from_env
 from sepp.server.loops import loop_kind
 from sepp.server.metrics import REQUEST_TIMED_MASK, RequestMetrics
@@ -177,8 +180,13 @@ class SeppServer:
         *,
         clock: Callable[[], int] = wall_clock_ms,
         fs: FileSystem | None = None,
+        cluster_backend: ClusterBackend | None = None,
     ) -> None:
         self.config = config
+        # Cluster mode (issue 19): [cluster] nats_urls, or a backend a test passes
+        # (in-memory log and lease); None = a single node with its own log.
+        self._cluster_backend = cluster_backend
+        self.cluster: ClusterMode | None = None
         # The file system seam (tests pass a FaultyFileSystem); None = the real one.
         self.fs = fs
         self.clock = clock
@@ -276,6 +284,8 @@ class SeppServer:
         await self._start_admin_listeners()
         try:
             await self._start_grpc_listener()
+            if self._cluster_backend is not None or self.config.cluster is not None:
+                return await self._start_cluster()
             return await self._start_serving()
         except BaseException:
             # A refused start leaves nothing listening behind.
@@ -472,6 +482,51 @@ class SeppServer:
         )
         return self.address
 
+    async def _start_cluster(self) -> tuple[str, int]:
+        """Cluster mode: listen at once (a follower redirects), and run the node;
+        the service opens when it leads (cluster_mode.py)."""
+        assert self._loop is not None
+        settings = self.config.cluster
+        if settings is None:  # a test's backend without [cluster]: defaults
+            host, port = self.config.listen
+            settings = ClusterSettings(
+                nats_urls=[],
+                monitor_urls=[],
+                node_id=self.config.get("cluster", "node_id") or f"{host}:{port}",
+                advertise_addr=self.config.get("cluster", "advertise_addr") or f"{host}:{port}",
+                lease_ttl_ms=self.config.get("cluster", "lease_ttl_ms"),
+                lease_renew_ms=self.config.get("cluster", "lease_renew_ms"),
+            )
+        backend = self._cluster_backend
+        if backend is None:
+            backend = await connect_backend(settings)
+        gcpolicy.configure()
+        self.tls = self._tls_context()
+        host, port = self.config.listen
+        self._server = await self._loop.create_server(
+            lambda: ClusterClientConnection(self), host, port, reuse_address=True, backlog=1024
+        )
+        bound = self._server.sockets[0].getsockname()
+        self.address = (bound[0], bound[1])
+        if settings.advertise_addr.endswith(":0"):  # tests: the port bound
+            settings = dataclasses.replace(
+                settings, advertise_addr=f"{settings.advertise_addr[:-2]}:{bound[1]}"
+            )
+        self.cluster = ClusterMode(self, settings, backend)
+        self.cluster.node.start()
+        log.info(
+            "listening on %s:%d (cluster node %s, advertised as %s)",
+            self.address[0],
+            self.address[1],
+            settings.node_id,
+            settings.advertise_addr,
+        )
+        return self.address
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown_task is not None
+
     async def _start_listener(self, listener: Any, address: tuple[str, int]) -> tuple[str, int]:
         try:
             bound: tuple[str, int] = await listener.start(*address)
@@ -534,6 +589,10 @@ class SeppServer:
             self._server.close()
         # No new commands; parked reserves answered empty; no more sweeps.
         self.service.stop()
+        if self.cluster is not None:
+            # A planned handover: the node steps down (answering what waits) and
+            # releases its lease, so another node takes over at once.
+            await self.cluster.stop()
         pipeline, engine = self.pipeline, self.engine
         if pipeline is not None:
             try:
@@ -598,6 +657,9 @@ class SeppServer:
 
 class ClientConnection(asyncio.Protocol):
     """One client: frames in, responses out."""
+
+    # op -> handler (the table at the end of this module; cluster mode gates it).
+    _handlers: dict[str, Callable[[ClientConnection, int, Any], None]]
 
     def __init__(self, server: SeppServer) -> None:
         self.server = server
@@ -969,6 +1031,18 @@ class ClientConnection(asyncio.Protocol):
 
     def send_after(self, error: BaseException | None, frame: bytes, request_id: int) -> None:
         if error is not None:
+            if isinstance(error, NotLeader):
+                # Cluster mode: this node stopped leading with the request in flight.
+                cluster = self.server.cluster
+                self.error(
+                    request_id,
+                    perr.UNAVAILABLE,
+                    f"this node stopped leading: {error}",
+                    reason=perr.REASON_NOT_LEADER,
+                    outcome_unknown=error.outcome_unknown,
+                    leader=None if cluster is None else cluster.leader_address(),
+                )
+                return
             # The command's outcome is unknown: it was applied in memory but its
             # record may not be on disk. Answer this request (by its id, so the
             # client knows which one); shutdown closes the connection.
@@ -1108,7 +1182,7 @@ class ClientConnection(asyncio.Protocol):
                 # A malformed hello is a failed hello: close, as for a bad key.
                 self.close()
             return
-        handler = _HANDLERS[op]
+        handler = self._handlers[op]
         try:
             handler(self, request.id, body)
         except ShuttingDown:
@@ -1195,6 +1269,7 @@ class ClientConnection(asyncio.Protocol):
                 "auth_required": server.auth_required,
                 "max_enqueue_batch": server.core_config.limits.max_enqueue_batch,
                 "max_settle_batch": pm.MAX_SETTLE_BATCH,
+                **({} if server.cluster is None else {"cluster": server.cluster.info()}),
             },
         )
 
@@ -1331,9 +1406,17 @@ class ClientConnection(asyncio.Protocol):
 
     def op_server_info(self, request_id: int, body: None) -> None:
         service = self.server.service
+        cluster = self.server.cluster
         info = service.server_info()
         info["supported_protocol_versions"] = [f"v{v}" for v in pm.SUPPORTED_PROTOCOL_VERSIONS]
         info["max_settle_batch"] = pm.MAX_SETTLE_BATCH
+        if cluster is not None:
+            info["cluster"] = cluster.info()
+            if not cluster.serving:
+                # A follower or candidate answers at once: the limits (from its
+                # configuration), who it is and where the leader is.
+                self.reply(request_id, perr.OK, info)
+                return
         service.after_durable(
             service.read_barrier(),
             self.send_after,
@@ -1433,3 +1516,38 @@ _HANDLERS: dict[str, Callable[[ClientConnection, int, Any], None]] = {
     pm.OP_SETTLE: ClientConnection.op_settle,
     **native_admin.HANDLERS,
 }
+ClientConnection._handlers = _HANDLERS
+
+# Cluster mode: the operations every node answers; the others only the serving
+# leader (a follower refuses them before doing anything: I19's wire contract).
+CLUSTER_ANY_NODE_OPS = frozenset({pm.OP_HELLO, pm.OP_HEALTH, pm.OP_SERVER_INFO})
+
+
+def _leader_only(
+    handler: Callable[[ClientConnection, int, Any], None],
+) -> Callable[[ClientConnection, int, Any], None]:
+    def gated(conn: ClientConnection, request_id: int, body: Any) -> None:
+        cluster = conn.server.cluster
+        if cluster is None or cluster.serving:
+            handler(conn, request_id, body)
+            return
+        conn.error(
+            request_id,
+            perr.UNAVAILABLE,
+            "this node is not the leader",
+            reason=perr.REASON_NOT_LEADER,
+            leader=cluster.leader_address(),
+        )
+
+    return gated
+
+
+class ClusterClientConnection(ClientConnection):
+    """A client of a cluster node: operations other than hello, health and
+    server_info are refused (unavailable / not_leader + the leader's address)
+    unless this node is the serving leader."""
+
+    _handlers = {
+        op: handler if op in CLUSTER_ANY_NODE_OPS else _leader_only(handler)
+        for op, handler in _HANDLERS.items()
+    }

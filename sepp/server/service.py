@@ -1009,9 +1009,9 @@ class SeppService:
 
     def server_info(self) -> dict[str, object]:
         """The server's version, limits and policies, by their documented names
-        (PROTOCOL.md server_info; the same names on every front)."""
+        (PROTOCOL.md server_info; the same names on every front). A cluster
+        follower answers it too, from the configuration (no engine of its own)."""
         engine = self.engine
-        assert engine is not None
         config = self.core_config
         policy = config.defaults
         limits = config.limits
@@ -1042,7 +1042,9 @@ class SeppService:
             "strict_queues": config.strict_queues,
             "dead_letter_retention_enabled": config.dead_letter_retention_ms > 0,
             "dead_letter_retention_ms": config.dead_letter_retention_ms,
-            "persist_mode": engine.options.persist_mode,
+            "persist_mode": self.config.get("storage", "persist_mode")
+            if engine is None
+            else engine.options.persist_mode,
         }
 
     def queue_stats(self, queues: Sequence[str] | None) -> tuple[int, list[QueueStats]]:

@@ -1,0 +1,161 @@
+"""Cluster mode in the server (issue 19): the server's side of a `ClusterNode`.
+
+Owns: `ClusterBackend` (the replicated log, the lease and the blob store a node
+runs on, and how to close them), `connect_backend` (JetStream, from [cluster]),
+and `ClusterMode`, the node's `Serving`: when the node leads, the server gets a
+commit pipeline over the node's engine whose group commits are fenced appends,
+and the service opens on it; when it steps down, every request waiting for
+durability is answered `unavailable` / `not_leader` (with `outcome_unknown`), the
+service stops (parked reserves answered empty, no sweeps) and the native front
+refuses everything but hello, health and server_info with the leader's address.
+
+Promises: while `serving` is false nothing reaches the service through the native
+front but hello / health / server_info (the wire contract of I19: refused before
+anything is done, so any request may be retried at the leader).
+
+Must not import: the admin or gRPC fronts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sepp.cluster.logengine import LogCommitter, NotLeader
+from sepp.cluster.node import ROLE_CANDIDATE, ROLE_LEADER, ROLE_STOPPED, ClusterNode
+from sepp.cluster.replog import BlobStore, Lease, ReplicatedLog
+from sepp.server.config import ClusterSettings
+from sepp.server.pipeline import CommitPipeline
+from sepp.storage import Engine
+
+if TYPE_CHECKING:
+    from sepp.server.server import SeppServer
+
+log = logging.getLogger("sepp.server")
+
+
+@dataclass
+class ClusterBackend:
+    log: ReplicatedLog
+    lease: Lease
+    blobs: BlobStore | None = None
+    # The node's timer (tests pass a manual clock's).
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in self.closers:
+            try:
+                await close()
+            except Exception as exc:  # closing is best effort
+                log.warning("closing the cluster backend: %s", exc)
+
+
+async def connect_backend(settings: ClusterSettings) -> ClusterBackend:
+    """The JetStream backend: connect, create what is missing, refuse a cluster
+    that is not R3 with sync_interval: always (sepp/cluster/jetstream.py)."""
+    from sepp.cluster import jetstream
+
+    nc = await jetstream.connect(settings.nats_urls)
+    try:
+        resources = await jetstream.ensure_cluster_resources(
+            nc,
+            jetstream.ClusterNames(),
+            monitor_urls=settings.monitor_urls,
+            lease_ttl_s=settings.lease_ttl_ms / 1000,
+        )
+    except BaseException:
+        await nc.close()
+        raise
+    return ClusterBackend(
+        log=resources.log, lease=resources.lease, blobs=resources.blobs, closers=[nc.close]
+    )
+
+
+class ClusterMode:
+    """The server's `Serving` for its node."""
+
+    def __init__(
+        self,
+        server: SeppServer,
+        settings: ClusterSettings,
+        backend: ClusterBackend,
+    ) -> None:
+        self.server = server
+        self.settings = settings
+        self.backend = backend
+        # True while this node leads and its service answers commands.
+        self.serving = False
+        self.node = ClusterNode(
+            node_id=settings.node_id,
+            address=settings.advertise_addr,
+            log_=backend.log,
+            lease=backend.lease,
+            config=server.core_config,
+            clock_ms=server.clock,
+            sleep=backend.sleep,
+            renew_ms=settings.lease_renew_ms,
+            serving=self,
+        )
+
+    def info(self) -> dict[str, Any]:
+        """hello's and server_info's `cluster` (the wire contract)."""
+        node = self.node
+        role = node.role
+        if role == ROLE_STOPPED:
+            role = ROLE_CANDIDATE  # it serves nothing; "stopped" is not on the wire
+        if role == ROLE_LEADER and not self.serving:
+            role = ROLE_CANDIDATE  # appending its leader-change record
+        return {
+            "role": role,
+            "node_id": node.node_id,
+            "epoch": node.epoch,
+            "leader": node.address if self.serving else node.leader,
+        }
+
+    def leader_address(self) -> str | None:
+        return self.node.address if self.serving else self.node.leader
+
+    # -- Serving ------------------------------------------------------------------
+
+    def lead(self, node: ClusterNode, engine: Engine, committer: LogCommitter) -> None:
+        server = self.server
+        loop = asyncio.get_running_loop()
+        pipeline = CommitPipeline(
+            engine,
+            backlog_max=server.config.get("storage", "command_queue_capacity"),
+            clock=server.clock,
+            on_failure=self._lost,
+        )
+        pipeline.start_replicated(committer)
+        server.engine, server.pipeline = engine, pipeline
+        service = server.service
+        service.stopping = False
+        service.open(engine, pipeline, loop)
+        self.serving = True
+        log.info("node %s leads epoch %d", node.node_id, node.epoch)
+
+    def _lost(self, exc: BaseException) -> None:
+        # The committer failed: refuse at once; the node steps down next.
+        self.serving = False
+
+    def step_down(self, node: ClusterNode, error: BaseException) -> None:
+        self.serving = False
+        server = self.server
+        if not isinstance(error, NotLeader):
+            error = NotLeader(str(error), outcome_unknown=True)
+        pipeline = server.pipeline
+        if pipeline is not None:
+            pipeline.abandon(error)
+        service = server.service
+        service.stop()  # no sweeps; parked reserves answered empty
+        service.stopping = server.shutting_down
+        server.engine = server.pipeline = None
+
+    async def stop(self) -> None:
+        await self.node.stop()
+        self.serving = False
+        await self.backend.close()
