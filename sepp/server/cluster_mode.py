@@ -54,16 +54,18 @@ class ClusterBackend:
                 log.warning("closing the cluster backend: %s", exc)
 
 
-async def connect_backend(settings: ClusterSettings) -> ClusterBackend:
+async def connect_backend(settings: ClusterSettings, names: Any = None) -> ClusterBackend:
     """The JetStream backend: connect, create what is missing, refuse a cluster
-    that is not R3 with sync_interval: always (sepp/cluster/jetstream.py)."""
+    that is not R3 with sync_interval: always (sepp/cluster/jetstream.py).
+    `names`: the stream and buckets (`jetstream.ClusterNames`; tests use their
+    own), default sepp's."""
     from sepp.cluster import jetstream
 
     nc = await jetstream.connect(settings.nats_urls)
     try:
         resources = await jetstream.ensure_cluster_resources(
             nc,
-            jetstream.ClusterNames(),
+            names or jetstream.ClusterNames(),
             monitor_urls=settings.monitor_urls,
             lease_ttl_s=settings.lease_ttl_ms / 1000,
         )
