@@ -85,7 +85,28 @@ of a delivery, read exactly from its lease: lease_expires_at - lease_ms):
    S or a delivery shows it applied); a purge of PURGE_QUEUE deletes exactly the
    jobs the ledger holds there; no delivery from a queue after its acknowledged
    pause (decided after the answer came) until a resume is sent, and an
-   acknowledged pause or resume survives the crash (S's queue table).
+   acknowledged pause or resume survives the crash (S's queue table);
+9. schedules (issue 17): SCHEDULE_NAME ([[schedules]] in the environment of every
+   start, every_ms = TICK_EVERY_MS, catch_up = "all") fires into TICK_QUEUE,
+   which the workers serve like the others; each tick's job is a job of the
+   ledger (tag `tick-<tick_ms>`, key `schedule:<name>:<tick_ms>`, known from its
+   first delivery or from S), so every check above holds for it too (an acked
+   tick back in S or delivered again is a tick fired twice). After each crash,
+   S's schedule keeps its anchor, its next tick N never goes back and lies past
+   every delivered tick, no job of S is at or after N, the same tick is never
+   two jobs, and every tick from the anchor up to N is known to the ledger
+   (delivered, or in S): none lost. A delivered tick is on the grid and not
+   before its time. At the end, a tick at least as new as the last start must
+   be delivered (the missed ones caught up), and the final state is checked
+   like a crash's;
+10. per-queue max_in_flight (issue 17): CAP_QUEUE is capped at CAP_MAX_IN_FLIGHT.
+   A lease is in flight for sure from its decision time until its deadline
+   (moved by acknowledged extends) or until the first call that may end it
+   (ack, nack, release, an admin call by id) was sent (`CapLease`); carried over
+   a restart when in flight in S. No more than the cap may be in flight for sure
+   at any decision time: checked at each delivery with what is known then, and
+   for the whole lifetime at the crash check (deliveries are read out of order
+   on different connections: see `Returning`).
 
 At the end every job the ledger holds must be delivered and acked (or drained as
 a dead letter) by a final worker: liveness after leases lapse, with the exact
@@ -109,6 +130,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import heapq
 import os
 import random
 import shutil
@@ -166,11 +188,27 @@ from .verify import verify
 
 __all__ = ["HarnessOptions", "Ledger", "Report", "main", "run_harness"]
 
-QUEUES = ("cq0", "cq1", "cq2")
+# Issue 17's per-queue limit: the server caps CAP_QUEUE at CAP_MAX_IN_FLIGHT jobs
+# leased at once (BASE_ENV); producers and workers use it like the others, and the
+# ledger checks that no delivery ever made more of its leases certain at once.
+CAP_QUEUE = "ccap"
+CAP_MAX_IN_FLIGHT = 3
+QUEUES = ("cq0", "cq1", "cq2", CAP_QUEUE)
 # The operator's own queue: only it enqueues there and no worker reserves from it,
 # so the ledger knows exactly which jobs a purge of it must delete.
 PURGE_QUEUE = "cpurge"
 ALL_QUEUES = (*QUEUES, PURGE_QUEUE)
+# Issue 17's schedules: SCHEDULE_NAME ([[schedules]] in BASE_ENV, put again at
+# every start: unchanged, so it keeps its anchor) fires a job into TICK_QUEUE every
+# TICK_EVERY_MS with catch_up = "all". Nobody else enqueues there; the workers
+# reserve from it like from QUEUES. The ledger knows each tick's job by its tick
+# (custom `schedule_tick_ms`, tag `tick_tag`): every tick from the anchor up to
+# the schedule's next tick in the recovered state fired exactly once.
+SCHEDULE_NAME = "cbeat"
+TICK_QUEUE = "ctick"
+TICK_EVERY_MS = 1_000
+TICK_MAX_ATTEMPTS = 4
+WORKER_QUEUES = (*QUEUES, TICK_QUEUE)
 DEFAULT_MAX_ATTEMPTS = 3
 # The retry policy the server is configured with (env below): the harness
 # predicts every default nack's delay exactly with the reference model's formula.
@@ -185,6 +223,12 @@ BASE_ENV = {
     # Dead letters are kept (a day) so that every job stays accounted for.
     "SEPP_STORAGE__DEAD_LETTER_RETENTION_MS": "86400000",
     "SEPP_LOGGING__LEVEL": "info",
+    "SEPP_QUEUES": f'[{{name = "{CAP_QUEUE}", max_in_flight = {CAP_MAX_IN_FLIGHT}}}]',
+    "SEPP_SCHEDULES": (
+        f'[{{name = "{SCHEDULE_NAME}", queue = "{TICK_QUEUE}", job_type = "tick", '
+        f'every_ms = {TICK_EVERY_MS}, catch_up = "all", max_attempts = {TICK_MAX_ATTEMPTS}, '
+        'payload = "tick", encoding = "text/plain"}]'
+    ),
 }
 START_TIMEOUT_S = 30.0
 # Producers pause while the ledger holds more unfinished jobs than this.
@@ -281,6 +325,61 @@ class Returning:
 
 
 @dataclass
+class CapLease:
+    """A lease of a CAP_QUEUE job, as the client knows it: the job was in flight
+    at `attempt` for sure from `start` (the server's decision time, exact) until
+    `end()`: its deadline (`until`, moved by acknowledged extends), or the moment
+    the first call that may end it (ack, nack, release, an admin call by id) was
+    sent, whichever comes first. The server cannot have ended it sooner: its clock
+    is the client's, a lease lapses at its deadline at the earliest, and every
+    other end is a call applied after it was sent. Carried over a restart (in
+    flight in the recovered state), it starts at the kill time instead."""
+
+    tag: str
+    attempt: int
+    start: int
+    until: int
+    ended: int = 0  # when the first call that may end it was sent (0: none yet)
+
+    def end(self) -> int:
+        return min(self.until, self.ended) if self.ended else self.until
+
+
+def leased_at_once(leases: list[CapLease]) -> tuple[int, int]:
+    """The most leases that were in flight for sure at one moment, and that
+    moment: at a lease's start, every lease with start <= it < end. Both ends are
+    sound (see CapLease), so a count above the cap is the server's doing."""
+    most, moment = 0, 0
+    ends: list[int] = []
+    ordered = sorted(leases, key=lambda lease: lease.start)
+    i = 0
+    while i < len(ordered):
+        start = ordered[i].start
+        while i < len(ordered) and ordered[i].start == start:
+            heapq.heappush(ends, ordered[i].end())
+            i += 1
+        while ends and ends[0] <= start:
+            heapq.heappop(ends)
+        if len(ends) > most:
+            most, moment = len(ends), start
+    return most, moment
+
+
+def tick_tag(tick: int) -> str:
+    """The ledger's tag of SCHEDULE_NAME's job for `tick` (its payload is the same
+    for every tick)."""
+    return f"tick-{tick}"
+
+
+def _tick_of(queue: str, custom: Any) -> int | None:
+    """The tick of a job SCHEDULE_NAME fired (None for any other job)."""
+    if queue != TICK_QUEUE or not custom or custom.get("schedule") != SCHEDULE_NAME:
+        return None
+    tick = custom.get("schedule_tick_ms")
+    return tick if type(tick) is int else None
+
+
+@dataclass
 class AdminPending:
     """An admin mutation of one job by id (cancel, dead_letter, requeue, delete),
     sent and not yet answered, with what the ledger knew of the job when it was
@@ -328,6 +427,7 @@ class JobRec:
     removed: str = ""  # the admin action that deleted it (cancel, delete, purge)
     admin: AdminPending | None = None  # an admin mutation of it awaiting its answer
     requeue_doubt: int = 0  # sent time of an in-doubt requeue of it (0: none)
+    cap_lease: CapLease | None = None  # its current lease, in CAP_QUEUE
 
 
 class Ledger:
@@ -353,6 +453,15 @@ class Ledger:
         # When the acknowledged pause was answered: any delivery the server decided
         # later (t > this) from that queue is a violation (0: since the restart).
         self.paused_at: dict[str, int] = dict.fromkeys(ALL_QUEUES, 0)
+        # SCHEDULE_NAME: its anchor (first tick) and next tick in the last
+        # recovered state (None / 0 until one holds it), every tick the ledger
+        # knows a job of (delivered, or in a recovered state), the newest delivered.
+        self.anchor: int | None = None
+        self.schedule_next = 0
+        self.ticks: set[int] = set()
+        self.tick_delivered_max = 0
+        # CAP_QUEUE's leases of this server lifetime (and those carried over it).
+        self.cap_leases: list[CapLease] = []
 
     def violation(self, text: str) -> None:
         self.report.violations.append(text)
@@ -404,21 +513,33 @@ class Ledger:
 
     def delivered(self, job: Job, lease_ms: int) -> JobRec | None:
         ctx = job.ctx
-        tag = job.payload.data.decode() if job.payload is not None else "?"
+        deadline = to_ms(ctx.lease_expires_at)
+        t = deadline - lease_ms
+        tick = _tick_of(ctx.queue, ctx.custom)
+        if tick is not None:
+            tag = tick_tag(tick)
+            self.check(tick <= t, f"{tag} ({ctx.id}): delivered at {t}, before its tick")
+            self.tick_delivered_max = max(self.tick_delivered_max, tick)
+            if tag not in self.jobs:
+                self._tick_known(tick, f"delivered ({ctx.id})")
+                fired = self._tick_rec(tick, "ok")
+                self.add(fired)
+                self.key_durable(fired)  # delivered: its enqueue (and key) is durable
+                self.report.stats["schedule_ticks_first_seen_delivered"] += 1
+        else:
+            tag = job.payload.data.decode() if job.payload is not None else "?"
         rec = self.jobs.get(tag)
         if rec is None:
             self.violation(f"delivered a job nobody enqueued: {ctx.id} payload {tag!r}")
             return None
-        deadline = to_ms(ctx.lease_expires_at)
-        t = deadline - lease_ms
         a = ctx.attempt
         where = f"{tag} ({ctx.id}) attempt {a} at {t}"
         self._requeued_by_delivery(rec, a, where)
         self._returned_by_delivery(rec, a, t, where)
         self.check(
-            self.paused.get(ctx.queue) != "ok" or t <= self.paused_at[ctx.queue],
+            self.paused.get(ctx.queue) != "ok" or t <= self.paused_at.get(ctx.queue, 0),
             f"{where}: delivered from queue {ctx.queue}, paused (acknowledged at "
-            f"{self.paused_at[ctx.queue] or 'the restart'}) and not resumed",
+            f"{self.paused_at.get(ctx.queue, 0) or 'the restart'}) and not resumed",
         )
         self.check(rec.enq != "no", f"{where}: delivered, but its enqueue never happened")
         self.check(
@@ -452,7 +573,82 @@ class Ledger:
         rec.lease_attempt = a
         rec.lease_until = rec.lease_deadline = deadline
         rec.extend_doubt = []
+        if ctx.queue == CAP_QUEUE:
+            self._cap_delivered(rec, CapLease(tag, a, t, deadline), where)
         return rec
+
+    # -- CAP_QUEUE's max_in_flight (issue 17) ---------------------------------------
+
+    def _cap_delivered(self, rec: JobRec, lease: CapLease, where: str) -> None:
+        """A delivery from CAP_QUEUE: with every lease known now, no more than the
+        cap may have been in flight for sure at its decision time. (Deliveries read
+        out of order on other connections are counted by `check_cap` later.)"""
+        rec.cap_lease = lease
+        self.cap_leases.append(lease)
+        t = lease.start
+        at_once = sum(1 for other in self.cap_leases if other.start <= t < other.end())
+        self.check(
+            at_once <= CAP_MAX_IN_FLIGHT,
+            f"{where}: {at_once} jobs of {CAP_QUEUE} leased at once, max_in_flight is "
+            f"{CAP_MAX_IN_FLIGHT}",
+        )
+        self.report.stats["cap_deliveries"] += 1
+        self.report.stats["cap_deliveries_at_the_cap"] += at_once == CAP_MAX_IN_FLIGHT
+
+    def ending(self, rec: JobRec, sent: int) -> None:
+        """A call that may end the job's lease (ack, nack, release, an admin call by
+        id) is about to be sent at `sent`: its CAP_QUEUE lease is certain only
+        until then."""
+        lease = rec.cap_lease
+        if lease is not None and not lease.ended:
+            lease.ended = sent
+
+    def extended(self, rec: JobRec, attempt: int, expiry: int) -> None:
+        """An acknowledged extend of `attempt` to `expiry`: applied while that lease
+        was in flight (else it would have been fenced off), so in flight until then."""
+        lease = rec.cap_lease
+        if lease is not None and lease.attempt == attempt:
+            lease.until = max(lease.until, expiry)
+
+    def check_cap(self, what: str) -> None:
+        """The whole lifetime's CAP_QUEUE leases, every answer read: never more than
+        the cap in flight for sure at once."""
+        most, moment = leased_at_once(self.cap_leases)
+        self.check(
+            most <= CAP_MAX_IN_FLIGHT,
+            f"{what}: {most} jobs of {CAP_QUEUE} leased at once at {moment}, max_in_flight "
+            f"is {CAP_MAX_IN_FLIGHT}: "
+            + ", ".join(
+                f"{x.tag} attempt {x.attempt} [{x.start}, {x.end()})"
+                for x in self.cap_leases
+                if x.start <= moment < x.end()
+            ),
+        )
+
+    # -- SCHEDULE_NAME's ticks (issue 17) ---------------------------------------------
+
+    def _tick_rec(self, tick: int, enq: str) -> JobRec:
+        return JobRec(
+            tag=tick_tag(tick),
+            queue=TICK_QUEUE,
+            op=0,
+            atomic=False,
+            key=f"schedule:{SCHEDULE_NAME}:{tick}",
+            max_attempts=TICK_MAX_ATTEMPTS,
+            scheduled_at=None,
+            enq=enq,
+        )
+
+    def _tick_known(self, tick: int, how: str) -> None:
+        """A job of `tick` seen for the first time: on the schedule's grid, from
+        its anchor, and below its next tick (when known)."""
+        self.ticks.add(tick)
+        if self.anchor is not None:
+            self.check(
+                tick >= self.anchor and (tick - self.anchor) % TICK_EVERY_MS == 0,
+                f"{tick_tag(tick)}: {how}, not a tick of {SCHEDULE_NAME} (anchor "
+                f"{self.anchor}, every {TICK_EVERY_MS} ms)",
+            )
 
     def in_doubt(
         self,
@@ -609,6 +805,7 @@ class Ledger:
 
     def admin_sent(self, rec: JobRec, action: str, sent: int) -> AdminPending:
         """`action` of `rec` by id is about to be sent: what the ledger knows now."""
+        self.ending(rec, sent)
         quiet = rec.acting == 0
         pending = AdminPending(
             action,
@@ -794,13 +991,36 @@ class Ledger:
     # -- the crash: check against S, then adopt S ------------------------------------
 
     def check_recovered(self, state: State, kill_ms: int) -> None:
+        self.check_cap("the lifetime before the crash")
+        self.cap_leases = []
         by_tag: dict[str, tuple[str, Any]] = {}
-        for job in state.jobs.values():
-            by_tag[_tag_of(job.payload_data)] = ("job", job)
+        items: list[tuple[str, Any, Any]] = [("job", job, job) for job in state.jobs.values()]
         for job_id, dead in state.dead.items():
-            by_tag[_tag_of(dead.job.payload_data)] = ("dead", dead)
+            items.append(("dead", dead, dead.job))
             if dead.job.job_id != job_id:  # pragma: no cover - state invariant
                 self.violation(f"dead letter {job_id} holds job {dead.job.job_id}")
+        schedule = state.schedules.get(SCHEDULE_NAME)
+        for kind, item, job in items:
+            tick = _tick_of(job.queue, job.custom)
+            tag = _tag_of(job.payload_data) if tick is None else tick_tag(tick)
+            if tag in by_tag:
+                self.violation(
+                    f"{tag}: two jobs in the recovered state ({by_tag[tag][1]} and {job.job_id})"
+                    + (": a tick fired twice" if tick is not None else "")
+                )
+            by_tag[tag] = (kind, item)
+            if tick is not None and tag not in self.jobs:
+                # Fired by the server, never delivered: the ledger learns of it here.
+                self._tick_known(tick, f"in the recovered state ({job.job_id})")
+                self.add(self._tick_rec(tick, "doubt"))
+                self.report.stats["schedule_ticks_first_seen_recovered"] += 1
+            if tick is not None and schedule is not None:
+                self.check(
+                    tick < schedule.next_ms,
+                    f"{tag} ({job.job_id}) in the recovered state, at or after the "
+                    f"schedule's next tick {schedule.next_ms}",
+                )
+        self._check_schedule(schedule)
         for tag in by_tag:
             rec = self.jobs.get(tag)
             self.check(rec is not None, f"recovered state holds a job nobody enqueued: {tag!r}")
@@ -838,8 +1058,58 @@ class Ledger:
                 )
         self.fresh_keys.clear()
 
+    def _check_schedule(self, schedule: Any) -> None:
+        """SCHEDULE_NAME in a recovered state: there once it was, its anchor kept,
+        its next tick never going back, on the grid, and past every tick delivered
+        (a delivered tick was durable); every tick from the anchor up to its next
+        tick known to the ledger -- delivered, or a job of the recovered state --
+        so none was skipped or lost (catch_up = "all"); none fired twice (the same
+        tick as two jobs, or back after an acknowledged ack: the job checks)."""
+        if schedule is None:
+            self.check(self.anchor is None, f"schedule {SCHEDULE_NAME} lost in the crash")
+            self.check(not self.ticks, f"{SCHEDULE_NAME} fired ticks, then was not recovered")
+            return
+        anchor, nxt = schedule.spec.next_ms, schedule.next_ms
+        self.check(
+            schedule.spec.every_ms == TICK_EVERY_MS
+            and schedule.spec.catch_up == "all"
+            and not schedule.paused,
+            f"schedule {SCHEDULE_NAME} recovered as {schedule.spec}, paused={schedule.paused}",
+        )
+        if self.anchor is None:
+            self.anchor = anchor
+            for tick in self.ticks:  # delivered before the ledger knew the anchor
+                self._tick_known(tick, "delivered")
+        self.check(
+            anchor == self.anchor,
+            f"schedule {SCHEDULE_NAME}'s anchor moved from {self.anchor} to {anchor}",
+        )
+        self.check(
+            nxt >= self.schedule_next
+            and nxt > self.tick_delivered_max
+            and (nxt - anchor) % TICK_EVERY_MS == 0,
+            f"schedule {SCHEDULE_NAME} recovered with next tick {nxt}: the last recovered "
+            f"state had {self.schedule_next}, tick {self.tick_delivered_max} was delivered, "
+            f"anchor {anchor}",
+        )
+        lost = [
+            tick
+            for tick in range(max(anchor, self.schedule_next), nxt, TICK_EVERY_MS)
+            if tick not in self.ticks
+        ]
+        self.check(
+            not lost,
+            f"schedule {SCHEDULE_NAME}: ticks {lost[:10]} (of {len(lost)}) below its next tick "
+            f"{nxt} never delivered and not in the recovered state: lost",
+        )
+        self.report.stats["schedule_ticks_fired"] += (
+            max(0, nxt - max(anchor, self.schedule_next)) // TICK_EVERY_MS
+        )
+        self.schedule_next = max(self.schedule_next, nxt)
+
     def _missing(self, rec: JobRec) -> None:
         where = f"{rec.tag} ({rec.job_id})"
+        rec.cap_lease = None
         rec.requeue_doubt = 0  # applied or not, the job (or its dead letter) stays
         if rec.enq == "ok" or rec.seen:
             self.check(
@@ -891,7 +1161,13 @@ class Ledger:
             rec.last_attempt = max(rec.last_attempt, attempt)
             rec.next_attempt, rec.next_min_t = attempt + 1, due
             rec.lease_attempt, rec.lease_until, rec.lease_deadline = attempt, due, due
+            if job.queue == CAP_QUEUE:
+                # In flight from the restart (any decision of the next lifetime
+                # comes after the kill) until its deadline or a call that ends it.
+                rec.cap_lease = CapLease(rec.tag, attempt, kill_ms, due)
+                self.cap_leases.append(rec.cap_lease)
         else:
+            rec.cap_lease = None
             rec.last_attempt = max(rec.last_attempt, attempt - 1)
             rec.next_attempt = attempt
             rec.next_min_t = due if status == SCHEDULED else 0
@@ -899,6 +1175,7 @@ class Ledger:
 
     def _dead(self, rec: JobRec, dead: Any) -> None:
         where = f"{rec.tag} ({dead.job.job_id}) dead-lettered at attempt {dead.final_attempt}"
+        rec.cap_lease = None
         rec.requeue_doubt = 0  # still a dead letter: the in-doubt requeue did not apply
         self.check(rec.enq != "no", f"{where}: its enqueue never happened")
         self.check(rec.acked != "ok", f"{where}: an acknowledged ack was undone")
@@ -1229,7 +1506,7 @@ class Workload:
                 await self.act(client, item, held)
                 continue
             lease_ms = rng.randrange(300, 2_500)
-            queues = rng.sample(QUEUES, rng.randrange(1, len(QUEUES) + 1))
+            queues = rng.sample(WORKER_QUEUES, rng.randrange(1, len(WORKER_QUEUES) + 1))
             options = ReserveOptions(
                 queues=queues,
                 lease_duration=timedelta(milliseconds=lease_ms),
@@ -1271,6 +1548,8 @@ class Workload:
             (40, 10, 10, 5, 15, 12, 8, 6),
         )[0]
         sent = wall_ms()
+        if choice in ("ack", "nack", "nack_delay", "nack_dead", "release"):
+            ledger.ending(rec, sent)
         pending: Returning | None = None
         if choice == "release" or (
             choice.startswith("nack") and not self._nack_kills(item, choice)
@@ -1390,6 +1669,7 @@ class Workload:
         if rec.lease_attempt == ctx.attempt:
             rec.lease_until = rec.lease_deadline = expiry
             rec.next_min_t = expiry
+        self.ledger.extended(rec, ctx.attempt, expiry)
         held.append(item)
 
     async def stale(self, client: SeppClient, item: Held) -> None:
@@ -1946,6 +2226,9 @@ class Harness:
         dead letter (a lease lapsing on its final attempt); then a graceful stop
         whose final snapshot must equal the replay of the log."""
         server = await self.start(self.storage_env(None))
+        # Every tick missed while the server was down fires now (catch_up = all):
+        # the drain below goes on until a tick at least this new is delivered.
+        final_start = wall_ms()
         await self.probe(server)
         client = SeppClient(server.address, rpc_timeout=RPC_TIMEOUT)
         ledger = self.ledger
@@ -1966,9 +2249,11 @@ class Harness:
             dying = {r.tag for r in live if r.lease_until and r.lease_attempt >= r.max_attempts}
             pending = {r.tag for r in live} - dying
             deadline = time.monotonic() + 30.0
-            while pending and time.monotonic() < deadline:
+            while (
+                pending or ledger.tick_delivered_max < final_start
+            ) and time.monotonic() < deadline:
                 options = ReserveOptions(
-                    queues=list(ALL_QUEUES),
+                    queues=[*ALL_QUEUES, TICK_QUEUE],
                     lease_duration=timedelta(seconds=20),
                     wait_timeout=timedelta(milliseconds=200),
                     max_jobs=64,
@@ -1976,6 +2261,8 @@ class Harness:
                 for job in await client.reserve(options) or ():
                     rec = ledger.delivered(job, 20_000)
                     ledger.report.operations += 1
+                    if rec is not None:
+                        ledger.ending(rec, wall_ms())
                     try:
                         await client.ack(job.ctx)
                     except SeppError as exc:
@@ -1995,6 +2282,11 @@ class Harness:
                     for r in (ledger.jobs[tag],)
                 ),
             )
+            ledger.check(
+                ledger.tick_delivered_max >= final_start,
+                f"schedule {SCHEDULE_NAME} did not catch up: the newest tick delivered is "
+                f"{ledger.tick_delivered_max}, the last start was at {final_start}",
+            )
             for tag in dying:
                 ledger.jobs[tag].dead = "ok"
             # Wait for those leases to lapse (the sweep runs at each deadline).
@@ -2012,6 +2304,7 @@ class Harness:
                 f"dead letters drained {len(dead)}, ledger expects {len(expected_dead)}: "
                 f"{sorted(set(dead) ^ set(expected_dead))[:5]}",
             )
+            ledger.drained(dead)
             stats = await client.queue_stats(list(ALL_QUEUES))
             left = {s.name: (s.ready, s.scheduled, s.in_flight, s.dead_lettered) for s in stats}
             ledger.check(
@@ -2029,6 +2322,13 @@ class Harness:
             any(s.verdict in ("match", "base") for s in report.snapshots),
             "no snapshot was compared with the log after the final stop",
         )
+        # The state after the graceful stop, checked like a crash's: every job
+        # finished, the schedule's ticks all fired once (those since the last
+        # reserve still queued), no more than the cap leased at once.
+        result = replay_to(open_data_dir(self.data_dir))
+        if result.state is None:
+            raise HarnessAbort(f"the final directory does not replay: {result.problems}")
+        ledger.check_recovered(result.state, server.kill_ms)
 
     async def run(self) -> Report:
         started = time.monotonic()
