@@ -14,7 +14,10 @@ request goes through `esc` (html.escape). One static JavaScript module
 the JSON admin API (api.py) with the session cookie: the console keeps no rule of
 its own, the service's role table and the core's validation answer. Every page
 carries a Content-Security-Policy that allows only this origin's script and
-styles and no inline script, and no request leaves the origin.
+styles and no inline script, and no request leaves the origin. Written for current
+Chromium and Firefox; tests/server/test_console_browser.py runs every page in
+both and fails on any console error, an uncaught promise rejection included
+(Firefox reports one for a fetch cut short by a navigation, Chromium does not).
 
 Sessions: `POST /login` with a key's name and key sets `sepp_session`
 (HttpOnly; SameSite=Strict; Path=/; Secure when the listener terminates TLS),

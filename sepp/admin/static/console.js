@@ -174,7 +174,16 @@ function dashboard() {
   let windowS = Number(picker.value) / 1000;
 
   async function loadHistory() {
-    const response = await fetch(`/console/history?window=${picker.value}`, { credentials: "same-origin" });
+    let response;
+    try {
+      response = await fetch(`/console/history?window=${picker.value}`, { credentials: "same-origin" });
+    } catch (_err) {
+      // Cut short: the page is navigating away (Firefox rejects the fetch with
+      // an AbortError, an uncaught one is a console error) or the server is
+      // down (the EventSource's handler shows it). The sparklines stay as they
+      // are and the live events draw on.
+      return;
+    }
     if (!response.ok) return;
     const data = await response.json();
     windowS = Number(picker.value) / 1000;
