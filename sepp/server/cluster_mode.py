@@ -101,6 +101,7 @@ class ClusterMode:
             sleep=backend.sleep,
             renew_ms=settings.lease_renew_ms,
             serving=self,
+            on_role=self._role_changed,
         )
 
     def info(self) -> dict[str, Any]:
@@ -120,6 +121,13 @@ class ClusterMode:
 
     def leader_address(self) -> str | None:
         return self.node.address if self.serving else self.node.leader
+
+    def _role_changed(self, node: ClusterNode) -> None:
+        if node.role == ROLE_STOPPED and node.failure is not None:
+            # The log holds what this node cannot apply: it stops, exit code 3
+            # (`storage failed`), rather than serve or follow a diverged state.
+            self.serving = False
+            self.server._storage_failed(node.failure)
 
     # -- Serving ------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ in flight `not_leader` and steps down."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -21,7 +22,7 @@ from sepp.server.cli import build_parser
 from sepp.server.cluster_mode import ClusterBackend
 from sepp.server.config import ConfigError
 from sepp.server.operator import _render_info
-from sepp.server.server import SeppServer
+from sepp.server.server import EXIT_STORAGE_FAILED, SeppServer
 from tests.cluster.test_node_roles import ManualClock, settle
 from tests.inprocess import address_of, in_process_config
 from tests.server.conftest import RawClient, connect, job
@@ -186,6 +187,20 @@ async def test_a_leader_whose_append_is_refused_answers_not_leader_and_steps_dow
         again = await cluster.wait_leader()
         client = await cluster.client(again)
         assert (await client.stats("q"))["ready"] == 0
+
+
+async def test_a_log_the_followers_cannot_apply_stops_them_with_exit_code_3() -> None:
+    async with trio() as cluster:
+        leader = await cluster.wait_leader()
+        # A message appended behind the leader's back (an engine fault).
+        seq = await cluster.log.last()
+        await cluster.log.append_if(seq, b"\x00\x00\x00\x00not a batch")
+        followers = [s for s in cluster.servers if s is not leader]
+
+        for server in followers:
+            assert await asyncio.wait_for(server.wait_stopped(), 10) == EXIT_STORAGE_FAILED
+            assert server.storage_failure is not None
+            assert f"message {seq + 1}" in str(server.storage_failure)
 
 
 async def test_a_followers_server_info_is_whole_and_sepp_info_prints_its_role(
