@@ -57,13 +57,7 @@ from typing import Any, ClassVar
 from sepp._version import __version__
 from sepp.client import _admin, _convert, _otel
 from sepp.client._coalesce import Call, Coalescer, Outcome
-from sepp.client._connection import (
-    Connection,
-    Endpoint,
-    OrphanHandler,
-    Receiver,
-    parse_address,
-)
+from sepp.client._connection import Connection, Endpoint, OrphanHandler, Receiver, parse_address
 from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
 from sepp.client.errors import (
     CONNECTION_LOST,
@@ -92,6 +86,7 @@ from sepp.client.errors import (
     rejection_from_wire,
 )
 from sepp.client.types import (
+    RESERVE_ORDERS,
     AdminOutcomes,
     ClusterInfo,
     DeadLetterRecord,
@@ -1202,8 +1197,13 @@ class SeppClient:
 
     # -- reserve and leases -------------------------------------------------------------------
 
-    async def reserve(self, opts: ReserveOptions) -> list[Job] | None:
+    async def reserve(self, opts: ReserveOptions, *, order: str = "strict") -> list[Job] | None:
         """Long-poll for jobs.
+
+        ``order="fair"`` (issue 17) takes them from ``opts.queues`` in weighted
+        round robin (the queues' ``weight`` settings), so a busy queue cannot
+        starve the others (PROTOCOL.md 5.2); ``"strict"`` (default) in the
+        order given. Another value is a ValueError.
 
         Waits up to ``opts.wait_timeout`` for at least one job and returns the
         leased jobs (at most ``opts.max_jobs``), or ``None`` when the wait ended
@@ -1228,6 +1228,8 @@ class SeppClient:
                 "reserve takes ReserveOptions(queues, lease_duration), e.g. "
                 f"ReserveOptions(['emails'], timedelta(seconds=30)); got {type(opts).__name__}"
             )
+        if order not in RESERVE_ORDERS:
+            raise ValueError(f'order must be "strict" or "fair", not {order!r}')
         durations = (opts.lease_duration, opts.wait_timeout)
         timing = self._reserve_timings.get(durations)
         if timing is None:
@@ -1251,6 +1253,8 @@ class SeppClient:
         worker_id = opts.worker_id
         if worker_id is not None:
             body["worker_id"] = worker_id
+        if order != "strict":  # sent only when asked: older servers never see it
+            body["order"] = order
         release = self._release_handlers.get(worker_id)
         if release is None:
             release = functools.partial(self._release_orphaned, worker_id)
