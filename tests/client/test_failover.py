@@ -6,7 +6,9 @@ The cluster is `tests.client.clusterfake`: three fake nodes on 127.0.0.1:0 with
 roles in their hello answers, in front of one real sepp server run in process
 (what the nodes share, as they would share the replicated log), so "lands
 exactly once" is checked on a real server's dedup and fencing. Failovers are
-scripted (`FakeNode.fault`, `FakeCluster.elect`); nothing sleeps to wait.
+scripted (`FakeNode.fault`, `FakeCluster.elect`); nothing sleeps to wait. The
+last test runs the client against three real cluster nodes in process (the
+server's own test trio: an in-memory log and lease on a manual clock).
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from sepp.client import (
     Worker,
 )
 from sepp.client.errors import error_from_response
+from sepp.cluster.node import LEASE_RENEW_MS
 from sepp.protocol import Request
 from tests.client.clusterfake import FakeCluster, closed_port_address, fake_cluster
 from tests.client.fakeserver import CLOSE, SILENT, FakeConnection, FakeServer
+from tests.cluster.test_node_server import trio
+from tests.inprocess import address_of
 from tests.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("in_process_env")
@@ -506,3 +511,36 @@ async def test_a_worker_keeps_working_across_a_failover(rng: random.Random) -> N
             await client.close()
         assert len(set(done)) == 6
         assert await counts(cluster) == (0, 0)
+
+
+# -- against real cluster nodes (three in-process SeppServers on one in-memory log) -----------
+
+
+async def test_the_client_follows_real_cluster_nodes_through_a_planned_handover() -> None:
+    async with trio() as nodes:
+        leader = await nodes.wait_leader()
+        await nodes.clock.advance(LEASE_RENEW_MS + 100)  # the followers know the leader
+        addresses = [address_of(server) for server in nodes.servers]
+        client = await SeppClient.connect(addresses)
+        try:
+            assert client.address == address_of(leader)
+            first = await client.enqueue(job(key="k1"))
+            second = await client.enqueue(job(key="k2"))
+            (reserved,) = await client.reserve(reserve_opts()) or []
+            assert reserved.ctx.id == first.job_id
+
+            await leader.shutdown()
+            await leader.wait_stopped()
+            successor = await nodes.wait_leader(within_ms=LEASE_RENEW_MS + 300)
+
+            # No user code: the client finds the new leader; the lease lived
+            # through the failover (it is in the log), and the key still dedups.
+            await client.ack(reserved.ctx)
+            again = await client.enqueue(job(key="k2"))
+            assert again.deduplicated and again.job_id == second.job_id
+            assert client.address == address_of(successor)
+            assert client.cluster is not None and client.cluster.epoch == 2
+            (stats,) = await client.queue_stats(["q"])
+            assert (stats.ready, stats.in_flight) == (1, 0)
+        finally:
+            await client.close()
