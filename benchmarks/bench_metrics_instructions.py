@@ -2,31 +2,38 @@
 job throughput with metrics on and one /events stream open within 3 % of metrics
 off).
 
-    python -m benchmarks.bench_metrics_instructions                # 4,000 and 12,000 jobs
-    python -m benchmarks.bench_metrics_instructions --jobs 3000 9000 --repeat 2
+    python -m benchmarks.bench_metrics_instructions
+    python -m benchmarks.bench_metrics_instructions --jobs 3000 9000 --hold 4 16 --rate 10000
 
 Why instructions: on this shared 2-core machine the wall-clock comparison
 (benchmarks/bench_metrics_overhead.py) moves by -6 % to +9 % from one round to the
 next, more than the 3 % it must resolve. The instructions the server executes do
-not depend on what else the machine runs, so they resolve a difference of a
-fraction of a percent. They are a proxy for time (cache misses and syscalls
-weigh differently), which is why the wall-clock benchmark stays beside this one.
+not depend on what else the machine runs. They are a proxy for time (cache misses
+and syscalls weigh differently), which is why the wall-clock benchmark stays
+beside this one.
 
 How: the server (`sepp serve`, persist mode sync_data, snapshots off) runs under
-valgrind's cachegrind with the cache simulation off (it only counts
-instructions, Ir) and the lean load generator enqueues N jobs over 50
-connections, then reserves and acks each. "on" is the admin listener on, with one
-/admin/api/v1/events stream open and /metrics scraped every second for the whole
-run (as in bench_metrics_overhead); "off" is no admin listener and no metrics
-listener, so the request counters are not kept at all.
+valgrind's cachegrind with the cache simulation off (it counts instructions, Ir,
+nothing else). "on" is the admin listener on, one /admin/api/v1/events stream
+open and /metrics scraped every second for the server's whole life (as in
+bench_metrics_overhead); "off" is no admin listener and no metrics listener, so
+the request counters are not kept at all.
 
-A run's total also holds the server's start-up, recovery and shutdown, the same
-for both variants; the figure is therefore the *marginal* cost of a job: the
-difference of the totals of two runs with different job counts, divided by the
-difference of the job counts. Cachegrind slows the server about 30-50 times, so
-the per-second work of the "on" variant (one /metrics scrape and one /events
-snapshot a second) falls on 30-50 times fewer jobs than at full speed: the
-figure over-states what metrics cost a full-speed server, never under-states it.
+The metrics cost two things: some instructions per request (counting, timing
+one request in 8) and some per second (one /events snapshot and one /metrics
+render a second, whatever the load). Cachegrind slows the server 20-40 times, so
+a run under it spends 20-40 times more per-second work per job than a server at
+full speed: a plain ratio of totals would over-state the cost. So each variant
+runs four times -- idle for two lengths of time, and the lean load generator's
+enqueue-then-drain of two job counts (50 connections; a job is enqueue + reserve +
+ack) -- and the totals are fitted to
+
+    instructions = start-up and shutdown + per_job x jobs + per_second x seconds
+
+(seconds: from the server listening to the stop signal; an exact solve of the
+four runs by least squares). The verdict is the cost per job of a server at a
+given full-speed rate (--rate, jobs/s, the wall-clock benchmark's figure for
+this machine): per_job + per_second / rate, on beside off.
 """
 
 from __future__ import annotations
@@ -43,17 +50,22 @@ from typing import Any
 
 from benchmarks.bench_e2e import loadgen
 from benchmarks.bench_metrics_overhead import PHASES, Observer
-from benchmarks.common import ServeProcess, machine_line, median, print_table
+from benchmarks.common import ServeProcess, machine_line, print_table
 
 SUMMARY = re.compile(rb"^summary:\s+(\d+)", re.MULTILINE)
 
 
 def counted_run(
-    metrics_on: bool, jobs: int, connections: int, out_dir: str, server_env: dict[str, str]
+    metrics_on: bool,
+    jobs: int,
+    hold_s: float,
+    connections: int,
+    out_dir: str,
+    server_env: dict[str, str],
 ) -> dict[str, Any]:
-    """One server under cachegrind, one load-generator run: the server's total
-    instruction count and the load generator's result."""
-    out_file = os.path.join(out_dir, f"cg-{'on' if metrics_on else 'off'}-{jobs}-{time.time_ns()}")
+    """One server under cachegrind: `jobs` through the load generator (if any),
+    then `hold_s` idle. Returns its instruction count and how long it served."""
+    out_file = os.path.join(out_dir, f"cg-{time.time_ns()}")
     env = dict(os.environ)
     env["SEPP_STORAGE__SNAPSHOT_EVERY_BYTES"] = "0"
     env["SEPP_LOGGING__LEVEL"] = "warning"
@@ -76,22 +88,28 @@ def counted_run(
         stop_timeout_s=600.0,
         prefix=prefix,
     )
+    serving_since = time.perf_counter()
     observer = Observer(server.admin) if server.admin is not None else None
-    started = time.perf_counter()
+    result: dict[str, Any] = {"jobs": jobs}
     try:
-        result = loadgen(
-            server.port,
-            False,
-            connections=connections,
-            jobs=jobs,
-            phases=list(PHASES),
-            server_pid=server.proc.pid,
-        )
+        if jobs:
+            result.update(
+                loadgen(
+                    server.port,
+                    False,
+                    connections=connections,
+                    jobs=jobs,
+                    phases=list(PHASES),
+                    server_pid=server.proc.pid,
+                )
+            )
+        if hold_s:
+            time.sleep(hold_s)  # the idle part of the run: its length is measured
     finally:
+        result["seconds"] = time.perf_counter() - serving_since
         if observer is not None:
             observer.stop()
         server.stop()
-    result["seconds"] = time.perf_counter() - started
     if server.proc.returncode != 0:
         raise RuntimeError(f"the server exited with {server.proc.returncode}")
     if observer is not None:
@@ -107,13 +125,42 @@ def counted_run(
     return result
 
 
+def fit(runs: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """Least squares of ir = fixed + per_job * jobs + per_second * seconds over
+    `runs`: (fixed, per_job, per_second)."""
+    rows = [(1.0, float(r["jobs"]), float(r["seconds"]), float(r["ir"])) for r in runs]
+    # Normal equations A^T A x = A^T y, solved by Gaussian elimination (3 x 3).
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    v = [sum(r[i] * r[3] for r in rows) for i in range(3)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda k: abs(m[k][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        v[col], v[pivot] = v[pivot], v[col]
+        for k in range(3):
+            if k != col:
+                factor = m[k][col] / m[col][col]
+                m[k] = [a - factor * b for a, b in zip(m[k], m[col])]
+                v[k] -= factor * v[col]
+    fixed, per_job, per_second = (v[i] / m[i][i] for i in range(3))
+    return fixed, per_job, per_second
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--jobs", type=int, nargs=2, default=[4_000, 12_000])
+    parser.add_argument(
+        "--hold", type=float, nargs=2, default=[5.0, 25.0], help="the idle runs' lengths (s)"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        nargs="+",
+        default=[5_000.0, 10_000.0],
+        help="full-speed job rates (jobs/s) to state the verdict at",
+    )
     parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=2, help="runs per variant and job count")
     parser.add_argument(
         "--server-env",
         action="append",
@@ -126,70 +173,73 @@ def main() -> None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
     server_env = dict(item.split("=", 1) for item in args.server_env)
     small, large = sorted(args.jobs)
-    if small == large:
-        sys.exit("--jobs needs two different job counts")
+    short, long = sorted(args.hold)
+    if small == large or short == long:
+        sys.exit("--jobs and --hold each need two different values")
     print(machine_line())
     print(
         f"command: python -m benchmarks.bench_metrics_instructions --jobs {small} {large} "
-        f"--connections {args.connections} --repeat {args.repeat}"
+        f"--hold {short:g} {long:g} --rate {' '.join(f'{r:g}' for r in args.rate)} "
+        f"--connections {args.connections}"
         + "".join(f" --server-env {item}" for item in args.server_env)
     )
     out_dir = tempfile.mkdtemp(prefix="sepp-bench-ir-out-")
-    runs: dict[tuple[bool, int], list[dict[str, Any]]] = {}
+    plan = [(0, short), (0, long), (small, 0.0), (large, 0.0)]
+    fits: dict[bool, tuple[float, float, float]] = {}
     try:
-        for rep in range(args.repeat):
-            # Alternate the order so a drift of the machine meets both variants.
-            order = (True, False) if rep % 2 == 0 else (False, True)
-            for metrics_on in order:
-                for jobs in (small, large):
-                    result = counted_run(metrics_on, jobs, args.connections, out_dir, server_env)
-                    runs.setdefault((metrics_on, jobs), []).append(result)
-                    seen = result.get("observer")
-                    print(
-                        f"  run {rep + 1} metrics {'on ' if metrics_on else 'off'} {jobs:>7,} jobs: "
-                        f"{result['ir']:,} instructions in {result['seconds']:.0f} s"
-                        + (
-                            f" (events {seen['events']}, scrapes {seen['scrapes']})" if seen else ""
-                        ),
-                        flush=True,
-                    )
+        for metrics_on in (False, True):
+            runs = []
+            for jobs, hold_s in plan:
+                result = counted_run(
+                    metrics_on, jobs, hold_s, args.connections, out_dir, server_env
+                )
+                runs.append(result)
+                seen = result.get("observer")
+                print(
+                    f"  metrics {'on ' if metrics_on else 'off'} {jobs:>7,} jobs, "
+                    f"{result['seconds']:5.1f} s serving: {result['ir']:,} instructions"
+                    + (f" (events {seen['events']}, scrapes {seen['scrapes']})" if seen else ""),
+                    flush=True,
+                )
+            fits[metrics_on] = fit(runs)
+            fixed, per_job, per_second = fits[metrics_on]
+            worst = max(
+                abs(fixed + per_job * r["jobs"] + per_second * r["seconds"] - r["ir"]) / r["ir"]
+                for r in runs
+            )
+            print(f"    fit: largest residual {worst * 100:.2f}% of a run's total", flush=True)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
-    per_job: dict[bool, float] = {}
     rows = []
     for metrics_on in (False, True):
-        low = median([r["ir"] for r in runs[(metrics_on, small)]])
-        high = median([r["ir"] for r in runs[(metrics_on, large)]])
-        per_job[metrics_on] = (high - low) / (large - small)
+        fixed, per_job, per_second = fits[metrics_on]
         rows.append(
             [
                 "on" if metrics_on else "off",
-                f"{low:,.0f}",
-                f"{high:,.0f}",
-                f"{per_job[metrics_on]:,.0f}",
+                f"{fixed:,.0f}",
+                f"{per_job:,.0f}",
+                f"{per_second:,.0f}",
             ]
+            + [f"{per_job + per_second / rate:,.0f}" for rate in args.rate]
         )
-    off, on = per_job[False], per_job[True]
-    rows.append(["difference on - off", "", "", f"{(on - off) / off * 100:+.2f}%"])
+    diff_row = ["difference on - off", "", "", ""]
+    for rate in args.rate:
+        on = fits[True][1] + fits[True][2] / rate
+        off = fits[False][1] + fits[False][2] / rate
+        diff_row.append(f"{(on - off) / off * 100:+.2f}%")
+    rows.append(diff_row)
     print(
-        f"\nserver instructions (median of {args.repeat}), marginal per job = "
-        f"(total at {large:,} - total at {small:,}) / {large - small:,}; a job = enqueue + reserve + ack"
+        "\nserver instructions, fitted: total = start-up and shutdown + per job x jobs + "
+        "per second x seconds serving (a job = enqueue + reserve + ack)"
     )
     print("on = admin listener on, one /events stream open, /metrics scraped every second")
     print_table(
-        [
-            "metrics",
-            f"instructions, {small:,} jobs",
-            f"instructions, {large:,} jobs",
-            "instructions per job",
-        ],
+        ["metrics", "start-up + shutdown", "per job", "per second"]
+        + [f"per job at {rate:,.0f} jobs/s" for rate in args.rate],
         rows,
     )
-    spread = [
-        (max(r["ir"] for r in rs) - min(r["ir"] for r in rs)) / median([r["ir"] for r in rs]) * 100
-        for rs in runs.values()
-    ]
-    print(f"spread between repeats of one configuration: at most {max(spread):.2f}% of its total")
+    per_request = (fits[True][1] - fits[False][1]) / fits[False][1] * 100
+    print(f"per-job instructions alone (request counting and timing): {per_request:+.2f}%")
 
 
 if __name__ == "__main__":

@@ -267,3 +267,17 @@ def test_bench_client_runs_every_phase_through_the_public_client(
         assert result[phase]["jobs"] == want, (phase, result[phase])
         assert result[phase]["jobs_per_s"] > 0 and result[phase]["client_us_per_job"] > 0
     assert result["roundtrip"]["p50_ms"] <= result["roundtrip"]["p99_ms"]
+
+
+def test_the_instruction_fit_recovers_fixed_per_job_and_per_second_costs() -> None:
+    from benchmarks.bench_metrics_instructions import fit
+
+    def total(jobs: int, seconds: float) -> dict[str, float]:
+        return {"jobs": jobs, "seconds": seconds, "ir": 2e9 + 500_000 * jobs + 7e6 * seconds}
+
+    fixed, per_job, per_second = fit(
+        [total(0, 5.2), total(0, 25.1), total(4000, 11.0), total(12000, 33.4)]
+    )
+    assert fixed == pytest.approx(2e9)
+    assert per_job == pytest.approx(500_000)
+    assert per_second == pytest.approx(7e6)
