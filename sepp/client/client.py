@@ -640,6 +640,8 @@ class SeppClient:
                     if exc.__class__ is not ConnectError:  # UnsupportedProtocolError
                         raise
                     unreachable = exc
+                    if endpoint is self._leader_hint:
+                        self._leader_hint = None  # gone: not first in line any more
                     continue
                 self.connections_opened += 1
                 handshake = connection.handshake

@@ -105,6 +105,20 @@ async def test_connect_takes_a_list_and_skips_an_address_nobody_listens_on() -> 
             await client.close()
 
 
+async def test_a_leader_named_but_unreachable_is_skipped_for_the_next_address() -> None:
+    async with fake_cluster() as cluster:
+        a, b, c = cluster.nodes
+        cluster.elect(b)
+        dead = await closed_port_address()
+        a.set_role("follower", dead)  # a still names the leader that died
+        client = await SeppClient.connect([a.address, c.address, b.address])
+        try:
+            assert client.address == b.address
+            assert (a.hellos, c.hellos, b.hellos) == (1, 1, 1)
+        finally:
+            await client.close()
+
+
 async def test_connect_asks_again_with_backoff_until_a_leader_is_elected() -> None:
     async with fake_cluster() as cluster:
         a, b, _ = cluster.nodes
