@@ -771,7 +771,9 @@ class SeppClient:
                             deadline if self._failover else None
                         )
                     failed_on = connection
-                    left = limit if sent is body else deadline - loop.time()
+                    # The call's own deadline bounds the search and the resends
+                    # (a single node: each try has the whole timeout, as always).
+                    left = deadline - loop.time() if self._failover else limit
                     response = await connection.request(
                         op,
                         sent,
