@@ -87,10 +87,10 @@ class ClusterLogWriter:
     written here (`Engine.take_pending` hands the records to `LogCommitter`); it
     only keeps what the engine reads of its writer."""
 
-    def __init__(self) -> None:
+    def __init__(self, synced_seq: int = 0) -> None:
         self.lock = threading.Lock()
         self.segments: list[Any] = []
-        self.synced_seq = 0
+        self.synced_seq = synced_seq
         self.handle = -1
 
     def mark_synced(self, last_seq: int) -> None:
@@ -106,20 +106,41 @@ class ClusterLogWriter:
         pass
 
 
-def new_cluster_engine(config: CoreConfig, data_dir: str = "") -> Engine:
-    """An empty engine whose log is the replicated log (no local files: snapshots
-    only when asked, and they go to the object store)."""
+def new_cluster_engine(
+    config: CoreConfig, state: State | None = None, record_seq: int = 0, data_dir: str = ""
+) -> Engine:
+    """An engine whose log is the replicated log (no local files: snapshots go to
+    the blob store, sepp/cluster/snapshots.py): empty, or holding `state`, the
+    records up to `record_seq` applied (a snapshot)."""
     options = StorageOptions(snapshot_every_bytes=0, snapshot_mode="inline")
-    writer = cast(SegmentWriter, ClusterLogWriter())
+    writer = cast(SegmentWriter, ClusterLogWriter(record_seq))
     return Engine(
-        RealFileSystem(), data_dir, State(config), writer, 1, options, RecoveryReport(), None
+        RealFileSystem(),
+        data_dir,
+        State(config) if state is None else state,
+        writer,
+        record_seq + 1,
+        options,
+        RecoveryReport(snapshot_seq=record_seq),
+        None,
     )
+
+
+def _ordered(value: Any) -> Any:
+    """`value` with every dict as a list of its items sorted by key: equal values
+    print equal whatever order their dicts were filled in (a state loaded from a
+    snapshot creates its queues in another order than the live one did)."""
+    if isinstance(value, dict):
+        return sorted(((repr(k), _ordered(v)) for k, v in value.items()), key=lambda kv: kv[0])
+    if isinstance(value, list | tuple):
+        return [_ordered(v) for v in value]
+    return value
 
 
 def state_hash(state: State) -> str:
     """A digest of `State.canonical()`: equal states, equal hashes (the nodes of a
     cluster compare theirs at the same sequence)."""
-    return hashlib.blake2b(repr(state.canonical()).encode(), digest_size=16).hexdigest()
+    return hashlib.blake2b(repr(_ordered(state.canonical())).encode(), digest_size=16).hexdigest()
 
 
 def _record_ends(records: bytes) -> list[tuple[int, int]]:

@@ -47,7 +47,21 @@ from sepp.cluster.logengine import (
     catch_up,
     new_cluster_engine,
 )
-from sepp.cluster.replog import HeldLease, Lease, LeaseRecord, ReplicatedLog, ReplicatedLogError
+from sepp.cluster.replog import (
+    BlobStore,
+    HeldLease,
+    Lease,
+    LeaseRecord,
+    Purged,
+    ReplicatedLog,
+    ReplicatedLogError,
+)
+from sepp.cluster.snapshots import (
+    SnapshotBlobError,
+    encode_snapshot_blob,
+    load_newest_snapshot,
+    publish_snapshot,
+)
 from sepp.core.commands import ChangeLeader, Command
 from sepp.core.config import CoreConfig
 from sepp.core.decide import Decision
@@ -94,6 +108,8 @@ class ClusterNode:
         renew_ms: int = LEASE_RENEW_MS,
         serving: Serving | None = None,
         on_role: Callable[[ClusterNode], None] | None = None,
+        blobs: BlobStore | None = None,
+        snapshot_every: int = 0,
     ) -> None:
         self.node_id = node_id
         self.address = address
@@ -103,6 +119,11 @@ class ClusterNode:
         self.clock_ms = clock_ms
         self._sleep = sleep
         self.renew_ms = renew_ms
+        # Snapshots (issue 19 item 4): a follower stores one in `blobs` every
+        # `snapshot_every` log messages (0: never); every node boots from the newest.
+        self.blobs = blobs
+        self.snapshot_every = snapshot_every
+        self.snapshot_seq = 0  # the log message the newest snapshot known covers
         self.serving: Serving = serving or LocalServing()
         self._on_role = on_role
         self.role = ROLE_FOLLOWER
@@ -171,6 +192,7 @@ class ClusterNode:
 
     async def run(self) -> None:
         try:
+            await self._boot()
             while not self._stopping:
                 if self.role == ROLE_FOLLOWER:
                     await self._follow()
@@ -209,8 +231,62 @@ class ClusterNode:
         async for entry in self.log.read_from(applier.log_seq + 1):
             applier.apply(entry)
             self.epoch = max(self.epoch, applier.tip.epoch)
+            if self.snapshot_every and applier.log_seq - self.snapshot_seq >= self.snapshot_every:
+                await self._snapshot()
+
+    async def _snapshot(self) -> None:
+        """Store the followed state in the blob store (the loop waits while it
+        is encoded: a follower answers no commands)."""
+        blobs, applier = self.blobs, self.applier
+        if blobs is None:
+            return
+        log_seq = applier.log_seq
+        blob = encode_snapshot_blob(
+            self.engine.state, self.engine.appended_seq, log_seq, applier.tip
+        )
+        try:
+            kept = await publish_snapshot(blobs, self.log, blob, log_seq)
+        except ReplicatedLogError as exc:
+            log.error("node %s: snapshot at log message %d failed: %s", self.node_id, log_seq, exc)
+            return
+        self.snapshot_seq = log_seq
+        log.info("node %s: snapshot at log message %d (kept %s)", self.node_id, log_seq, kept)
+
+    async def _boot(self) -> None:
+        """A state rebuilt from the newest snapshot (if any) and, by the tail,
+        the log after it."""
+        self.engine, self.applier = self._fresh()
+        if self.blobs is None:
+            return
+        try:
+            loaded = await load_newest_snapshot(self.blobs, self.config)
+        except SnapshotBlobError as exc:
+            if await self.log.first() > 1:
+                raise LogMismatch(0, f"no usable snapshot and the log is purged: {exc}") from exc
+            log.error("node %s: %s; replaying the whole log", self.node_id, exc)
+            loaded = None
+        if loaded is None:
+            return
+        self.engine = new_cluster_engine(self.config, loaded.state, loaded.record_seq)
+        self.applier = LogApplier(self.engine, tip=loaded.tip, log_seq=loaded.log_seq)
+        self.snapshot_seq = loaded.log_seq
+        self.epoch = max(self.epoch, loaded.tip.epoch)
+        log.info(
+            "node %s: booted from the snapshot at log message %d (record %d)",
+            self.node_id,
+            loaded.log_seq,
+            loaded.record_seq,
+        )
 
     async def _follow(self) -> None:
+        try:
+            await self._following()
+        except Purged as exc:
+            # Left behind a purge: start again from the newest snapshot.
+            log.warning("node %s: %s; booting from the newest snapshot", self.node_id, exc)
+            await self._boot()
+
+    async def _following(self) -> None:
         tail = asyncio.get_running_loop().create_task(self._tail())
         try:
             while self.role == ROLE_FOLLOWER and not self._stopping:
@@ -239,7 +315,12 @@ class ClusterNode:
 
     async def _campaign(self) -> None:
         applier = self.applier
-        await catch_up(applier, self.log)
+        try:
+            await catch_up(applier, self.log)
+        except Purged:
+            await self._boot()
+            self._set_role(ROLE_FOLLOWER)
+            return
         epoch = max(self.epoch, applier.tip.epoch) + 1
         try:
             held = await self.lease.acquire(LeaseRecord(self.node_id, self.address, epoch))
@@ -270,7 +351,7 @@ class ClusterNode:
             log.info("node %s: lost the race to lead epoch %d: %s", self.node_id, epoch, exc)
             with contextlib.suppress(ReplicatedLogError):
                 await self.lease.release(held)
-            self._rebuild()
+            await self._boot()
             self._set_role(ROLE_FOLLOWER)
             return
         self._held = held
@@ -335,15 +416,11 @@ class ClusterNode:
         if held is not None:
             # In the background: a lease out of reach must not hold up the step-down.
             self._release = asyncio.ensure_future(self._release_quietly(held))
-        self._rebuild()
+        await self._boot()
 
     async def _release_quietly(self, held: HeldLease) -> None:
         with contextlib.suppress(ReplicatedLogError):
             await self.lease.release(held)
-
-    def _rebuild(self) -> None:
-        """A fresh state, rebuilt from the log by the follower's tail."""
-        self.engine, self.applier = self._fresh()
 
 
 _UNKNOWN: Any = object()

@@ -102,6 +102,8 @@ class ClusterMode:
             renew_ms=settings.lease_renew_ms,
             serving=self,
             on_role=self._role_changed,
+            blobs=backend.blobs,
+            snapshot_every=settings.snapshot_every_messages,
         )
 
     def info(self) -> dict[str, Any]:

@@ -57,6 +57,7 @@ class ClusterSettings:
     advertise_addr: str
     lease_ttl_ms: int
     lease_renew_ms: int
+    snapshot_every_messages: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -301,6 +302,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "lease_ttl_ms": Key("int", 3_000, "the leader's lease lapses this long unrenewed", 1000),
         "lease_renew_ms": Key("int", 1_000, "the leader renews its lease this often", 100),
+        "snapshot_every_messages": Key(
+            "int",
+            10_000,
+            "followers store a snapshot in the object store every this many log messages "
+            "(the two newest kept, the log purged below the older); 0 = never",
+            0,
+        ),
     },
     "logging": {
         "level": Key(
@@ -451,6 +459,7 @@ class ServerConfig:
             advertise_addr=advertise,
             lease_ttl_ms=c["lease_ttl_ms"],
             lease_renew_ms=c["lease_renew_ms"],
+            snapshot_every_messages=c["snapshot_every_messages"],
         )
 
     def storage_options(self) -> StorageOptions:

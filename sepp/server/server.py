@@ -496,6 +496,7 @@ class SeppServer:
                 advertise_addr=self.config.get("cluster", "advertise_addr") or f"{host}:{port}",
                 lease_ttl_ms=self.config.get("cluster", "lease_ttl_ms"),
                 lease_renew_ms=self.config.get("cluster", "lease_renew_ms"),
+                snapshot_every_messages=self.config.get("cluster", "snapshot_every_messages"),
             )
         backend = self._cluster_backend
         if backend is None:
