@@ -162,7 +162,10 @@ def _run(
         return exc.code
 
     async def go() -> Any:
-        client = await SeppClient.connect(addr, api_key=api_key, **tls)
+        # `sepp info` reports the node it was pointed at (cluster mode: its own
+        # role, epoch and leader), not the leader the client would move on to.
+        follow = getattr(args, "follow_leader", True)
+        client = await SeppClient.connect(addr, api_key=api_key, follow_leader=follow, **tls)
         try:
             return await action(client)
         finally:
@@ -226,6 +229,7 @@ def _render_enqueue(ack: Any) -> None:
 
 def _info(args: argparse.Namespace) -> int:
     args.render = _render_info
+    args.follow_leader = False
     return _run(args, lambda client: client.get_server_info())
 
 

@@ -19,6 +19,7 @@ from sepp.cluster.node import LEASE_RENEW_MS, LEASE_TTL_MS
 from sepp.cluster.replog import MemoryLease, MemoryLog
 from sepp.protocol import errors as perr
 from sepp.server.cli import build_parser
+from sepp.server.cli import main as cli_main
 from sepp.server.cluster_mode import ClusterBackend
 from sepp.server.config import ConfigError
 from sepp.server.operator import _render_info
@@ -220,6 +221,22 @@ async def test_a_followers_server_info_is_whole_and_sepp_info_prints_its_role(
         printed = capsys.readouterr().out.splitlines()
         assert "role                             follower" in printed
         assert "epoch                            1" in printed
+        assert f"leader                           {advertised(leader)}" in printed
+
+
+async def test_sepp_info_pointed_at_a_follower_prints_the_followers_role(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with trio() as cluster:
+        leader = await cluster.wait_leader()
+        await cluster.clock.advance(LEASE_RENEW_MS + 100)
+        follower = next(s for s in cluster.servers if s is not leader)
+
+        code = await asyncio.to_thread(cli_main, ["info", "--addr", address_of(follower)])
+
+        assert code == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert "role                             follower" in printed
         assert f"leader                           {advertised(leader)}" in printed
 
 
