@@ -176,6 +176,26 @@ class MSchedule:
     paused: bool = False
 
 
+def fair_key(row: list[int], weight: int) -> int:
+    """A queue's place in a fair reserve (smallest first): the number its turn
+    was granted at while the turn lasts (fewer than `weight` deliveries), else
+    the number of its newest delivery. row = [newest, turn granted at, count]."""
+    newest, granted, count = row
+    return granted if 0 < count < weight else newest
+
+
+def fair_step(row: list[int], weight: int, seq: int) -> None:
+    """The queue of `row` got delivery number `seq`: a finished (or no) turn
+    starts a new one, granted at the key it had; else the turn goes on."""
+    newest, _granted, count = row
+    if count == 0 or count >= weight:
+        row[1] = newest
+        row[2] = 1
+    else:
+        row[2] = count + 1
+    row[0] = seq
+
+
 def schedule_job_id(name: str, created_at: int, tick: int) -> str:
     """The id of a schedule's job: sha256 of name, creation time and tick, as a
     version-8 UUID (the core's rule, restated)."""
@@ -211,6 +231,16 @@ class Model:
         # Schedules (issue 17), fixed-interval ones only (cron is checked by its
         # own tests against zoneinfo): name -> MSchedule.
         self.schedules: dict[str, MSchedule] = {}
+        # Rate limits (issue 17): queue -> the times of its deliveries counted
+        # while it had a rate limit, one entry per job, the newest rate_limit_jobs
+        # of them and none older than rate_limit_per_ms (the core's window, plainly).
+        self.deliveries: dict[str, list[int]] = {}
+        # The fair reserve (issue 17): deliveries so far, and per queue the state
+        # keeps [newest delivery number, turn granted at, deliveries in the turn]
+        # -- a queue that appears starts at the number then (`_sync_fair`).
+        self.delivery_seq = 0
+        self.fair: dict[str, list[int]] = {}
+        self._sync_fair()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -232,7 +262,22 @@ class Model:
         command is answered without a whole-command error (`_commit_time`)."""
         self.time = max(now, self.clock)
         self.woken = set()
+        self._sync_fair()
         return self.time
+
+    def _sync_fair(self) -> None:
+        """The fair bookkeeping follows the queues the state keeps: a queue that
+        was forgotten loses it, one that appeared starts at delivery_seq."""
+        names = self.queue_names()
+        for name in [n for n in self.fair if n not in names]:
+            del self.fair[name]
+        for name in names:
+            self.fair.setdefault(name, [self.delivery_seq, 0, 0])
+
+    def _fair_served(self, queue: str) -> None:
+        self.delivery_seq += 1
+        row = self.fair.setdefault(queue, [self.delivery_seq - 1, 0, 0])
+        fair_step(row, self.policy(queue).weight, self.delivery_seq)
 
     def _commit_time(self) -> None:
         self.clock = self.time
@@ -247,6 +292,23 @@ class Model:
         del self.jobs[job.job_id]
         if self.config.dead_letter_retention_ms > 0:
             self.dead.append(MDeadLetter(job, cause, t, job.attempt, reason))
+
+    def _rate_room(self, queue: str, t: int) -> int | None:
+        """Deliveries of `queue` its rate limit still allows at `t` (None = no
+        limit): rate_limit_jobs less those after t - rate_limit_per_ms."""
+        policy = self.policy(queue)
+        if policy.rate_limit_jobs is None or policy.rate_limit_per_ms is None:
+            return None
+        recent = [d for d in self.deliveries.get(queue, []) if d > t - policy.rate_limit_per_ms]
+        return max(0, policy.rate_limit_jobs - len(recent))
+
+    def _count_delivery(self, queue: str, t: int) -> None:
+        policy = self.policy(queue)
+        if policy.rate_limit_jobs is None or policy.rate_limit_per_ms is None:
+            return
+        times = [*self.deliveries.get(queue, []), t]
+        times = [d for d in times if d > t - policy.rate_limit_per_ms]
+        self.deliveries[queue] = times[-policy.rate_limit_jobs :]
 
     def _freed(self, queue: str) -> None:
         """A job of `queue` left In-flight: a queue with a max_in_flight wakes
@@ -421,7 +483,13 @@ class Model:
     # -- reserve -------------------------------------------------------------------
 
     def reserve(
-        self, queues: tuple[str, ...], lease_ms: int, max_jobs: int, worker_id: str | None, now: int
+        self,
+        queues: tuple[str, ...],
+        lease_ms: int,
+        max_jobs: int,
+        worker_id: str | None,
+        now: int,
+        order: str = "strict",
     ) -> tuple[Any, ...]:
         t = self._start(now)
         lim = self.config.limits
@@ -433,7 +501,7 @@ class Model:
                 errors.add(IA)
             elif self.config.strict_queues and not self.declared(name):
                 errors.add(PRECONDITION)
-        if lease_ms <= 0 or max_jobs < 1 or worker_id == "":
+        if lease_ms <= 0 or max_jobs < 1 or worker_id == "" or order not in ("strict", "fair"):
             errors.add(IA)
         if errors:
             return ("error", errors)
@@ -441,23 +509,50 @@ class Model:
         cap = min(self.policy(name).max_lease_duration_ms for name in queues)
         deadline = min(t + min(lease_ms, cap), TIME_MS_MAX)
         want = min(max_jobs, lim.max_reserve_batch)
-        picked: list[MJob] = []
-        for name in dict.fromkeys(queues):
+        names = list(dict.fromkeys(queues))
+        # The jobs this reserve may take from each queue, in delivery order.
+        lanes: dict[str, list[MJob]] = {}
+        for name in names:
             if name in self.paused:
                 continue
             ready = [j for j in self.jobs.values() if j.queue == name and j.status == READY]
             ready.sort(key=lambda j: (-j.priority, j.enqueued_at, j.arrival))
-            take = want - len(picked)
+            take = len(ready)
             in_flight_cap = self.policy(name).max_in_flight
             if in_flight_cap is not None:  # max_in_flight: fewer jobs, never an error
                 leased = sum(
                     1 for j in self.jobs.values() if j.queue == name and j.status == IN_FLIGHT
                 )
                 take = min(take, max(0, in_flight_cap - leased))
-            picked.extend(ready[:take])
+            rate_room = self._rate_room(name, t)
+            if rate_room is not None:  # rate limit: fewer jobs, never an error
+                take = min(take, rate_room)
+            lanes[name] = ready[:take]
+        picked: list[MJob] = []
+        if order == "fair" and len(names) > 1:
+            # Weighted round robin: each job to the queue with the smallest key
+            # (ties: the order given), the bookkeeping played ahead per job.
+            rows = {n: list(self.fair.get(n, [self.delivery_seq, 0, 0])) for n in lanes}
+            seq = self.delivery_seq
+            while len(picked) < want:
+                open_lanes = [n for n in names if lanes.get(n)]
+                if not open_lanes:
+                    break
+                best = min(
+                    open_lanes,
+                    key=lambda n: (fair_key(rows[n], self.policy(n).weight), names.index(n)),
+                )
+                picked.append(lanes[best].pop(0))
+                seq += 1
+                fair_step(rows[best], self.policy(best).weight, seq)
+        else:
+            for name in names:
+                picked.extend(lanes.get(name, [])[: want - len(picked)])
         for job in picked:
             job.status = IN_FLIGHT
             job.due = deadline
+            self._count_delivery(job.queue, t)
+            self._fair_served(job.queue)
         return ("reserve", [job.delivered() for job in picked])
 
     # -- ack, nack, extend ------------------------------------------------------
@@ -767,8 +862,14 @@ class Model:
         previous = self.overrides.get(queue)
         if previous == overrides:
             return ("put_queue", queue, False, False, policy)
-        if policy.max_in_flight is not None or self.policy(queue).max_in_flight is not None:
-            self.woken.add(queue)  # a changed max_in_flight may serve parked reserves
+        before = self.policy(queue)
+        if (
+            policy.max_in_flight is not None
+            or before.max_in_flight is not None
+            or policy.rate_limit_jobs is not None
+            or before.rate_limit_jobs is not None
+        ):
+            self.woken.add(queue)  # a changed max_in_flight or rate limit may serve parked reserves
         self.overrides[queue] = dict(overrides)
         return ("put_queue", queue, previous is None, True, policy)
 
@@ -870,6 +971,7 @@ class Model:
             for record in old:
                 self.dead.remove(record)
             dead_expired = len(old)
+        self._sync_fair()  # queues this sweep forgot, before its schedules fire
         fired, skipped = self._fire_schedules(t, limit, before_live, before_ids)
         return (
             "sweep",
@@ -1034,6 +1136,7 @@ class Model:
         )
 
     def observe(self) -> dict[str, Any]:
+        self._sync_fair()  # as the next command would find it
         queues = {}
         oldest_ready: dict[str, int | None] = {}
         for name in self.queue_names():
@@ -1070,6 +1173,7 @@ class Model:
             "next_deadline": self.next_deadline(),
             "overrides": dict(self.overrides),
             "schedules": {n: (sc.paused, sc.next) for n, sc in self.schedules.items()},
+            "fair": (self.delivery_seq, {n: tuple(row) for n, row in sorted(self.fair.items())}),
         }
 
 
@@ -1221,4 +1325,11 @@ def observe_core(state: State) -> dict[str, Any]:
         "next_deadline": state.next_deadline(),
         "overrides": dict(state.queue_overrides),
         "schedules": {n: (sc.paused, sc.next_ms) for n, sc in state.schedules.items()},
+        "fair": (
+            state.delivery_seq,
+            {
+                n: (q.fair_last, q.fair_turn_start, q.fair_turn_count)
+                for n, q in sorted(state.queues.items())
+            },
+        ),
     }

@@ -344,9 +344,9 @@ class SyncSeppClient:
         """See `SeppClient.enqueue_atomic`."""
         return self._run(self._client.enqueue_atomic(list(jobs)))
 
-    def reserve(self, opts: ReserveOptions) -> list[Job] | None:
+    def reserve(self, opts: ReserveOptions, *, order: str = "strict") -> list[Job] | None:
         """See `SeppClient.reserve`. Blocks the calling thread for the wait."""
-        return self._run(self._client.reserve(opts))
+        return self._run(self._client.reserve(opts, order=order))
 
     def ack(self, ctx: JobCtx | UndecodableJob) -> None:
         """See `SeppClient.ack`."""

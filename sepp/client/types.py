@@ -366,11 +366,15 @@ class UndecodableDeadLetter:
     queue: str | None
 
 
+RESERVE_ORDERS = ("strict", "fair")
+
+
 @dataclass
 class ReserveOptions:
     """The parameters of `SeppClient.reserve`.
 
-    `queues` are tried in order. `lease_duration` is required and positive; the
+    `queues` are tried in order (or in weighted round robin: ``reserve(opts,
+    order="fair")``). `lease_duration` is required and positive; the
     server may clamp it. `wait_timeout` (30 s by default) is how long the
     server holds the call open when nothing is ready. `max_jobs` defaults to 1
     on the server.

@@ -67,6 +67,7 @@ from sepp.client.errors import (
     UndecodableJobError,
 )
 from sepp.client.types import (
+    RESERVE_ORDERS,
     Job,
     JobCtx,
     Payload,
@@ -418,6 +419,10 @@ class Worker:
     job forever, so bound hang-prone work yourself (e.g. `asyncio.timeout`).
     With ``auto_extend=False`` a handler that outlives its lease loses the job
     to another worker. A lost lease is logged as a WARNING with the job id.
+
+    `order`: ``"strict"`` (default) takes jobs from `queues` in the order given;
+    ``"fair"`` serves them in weighted round robin (the queues' ``weight``
+    settings), so a busy queue cannot starve the others.
     """
 
     def __init__(
@@ -435,6 +440,7 @@ class Worker:
         worker_id: str | None = None,
         metrics: WorkerMetrics | None = None,
         no_handler_delay: timedelta = NO_HANDLER_DELAY,
+        order: str = "strict",
     ) -> None:
         if not isinstance(client, SeppClient):
             raise TypeError(
@@ -455,6 +461,9 @@ class Worker:
             raise TypeError(f"worker_id must be a str or None; got {_type_name(worker_id)}")
         if wait_timeout is not None and wait_timeout <= timedelta(0):
             raise ValueError("wait_timeout must be positive")
+        if order not in RESERVE_ORDERS:
+            raise ValueError(f'order must be "strict" or "fair"; got {order!r}')
+        self._order = order
         options: dict[str, Any] = {
             "worker_id": _default_worker_id() if worker_id is None else worker_id,
             "max_jobs": max_jobs,
@@ -795,7 +804,7 @@ class Worker:
         and returned, for the caller to run."""
         started = self._loop.time()
         try:
-            jobs = await self._client.reserve(opts)
+            jobs = await self._client.reserve(opts, order=self._order)
         except ClientClosedError as exc:
             self._stop_error = exc
             return None

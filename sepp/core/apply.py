@@ -60,6 +60,7 @@ from sepp.core.state import (
     QueueState,
     ReadyEntry,
     State,
+    fair_served,
     index_add,
     index_remove,
     is_sparse,
@@ -188,6 +189,17 @@ def _apply_reserved(state: State, ev: JobReserved) -> None:
     heappush(state.leases, (lease_expires_at, job_id, job))
     index_remove(q, job, READY)
     index_add(state, q, job)
+    # A delivery (issue 17): numbered for the fair reserve and counted in the
+    # queue's rate window at this record's time, under the weight and rate limit
+    # in force (the file's settings and the logged runtime overrides, so a
+    # replay under the same file rebuilds both).
+    config = state.config
+    policy = config.queues.get(job.queue, config.defaults)
+    seq = state.delivery_seq + 1
+    state.delivery_seq = seq
+    fair_served(q, policy.weight, seq)
+    if policy.rate_limit_jobs is not None:
+        state.count_delivery(job.queue, policy)
 
 
 def _apply_acked(state: State, ev: JobAcked) -> None:

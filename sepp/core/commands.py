@@ -78,10 +78,19 @@ class _ReserveFields(NamedTuple):
     # Stop adding jobs once their payloads total more than this (the edge sets it
     # from its frame limit); one job is always delivered. None = no cap.
     max_bytes: int | None = None
+    # ORDER_STRICT: the queues in the order given; ORDER_FAIR: weighted round
+    # robin over those with ready jobs (issue 17, decide._pick_fair).
+    order: str = "strict"
+
+
+ORDER_STRICT = "strict"
+ORDER_FAIR = "fair"
+RESERVE_ORDERS = (ORDER_STRICT, ORDER_FAIR)
 
 
 class Reserve(_ReserveFields):
-    """Lease up to `max_jobs` Ready jobs from `queues`, tried in the order given."""
+    """Lease up to `max_jobs` Ready jobs from `queues`: tried in the order given,
+    or in fair order (weighted round robin, `order` ORDER_FAIR)."""
 
     __slots__ = ()
     KIND: ClassVar[int] = 3

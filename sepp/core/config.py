@@ -8,8 +8,10 @@ effective per-queue settings, global defaults merged with a `[[queues]]` overrid
 Promises: every limit carries its unit in its name; the defaults are the reference
 server's (sepp-semantics.md §12, §16, §17). `decide` reads the config; `apply` reads
 only which queues are declared (`State.declared`: kept even when they hold nothing,
-while other empty queues are forgotten), so a log replays to the same jobs, keys and
-dead letters under any config, the empty declared queues aside.
+while other empty queues are forgotten) and a delivered queue's rate limit (which
+deliveries its rate window keeps, issue 17), so a log replays to the same jobs, keys
+and dead letters under any config, the empty declared queues aside, and to the same
+rate windows under the same config.
 
 Must not import: anything outside the standard library and `sepp.core`.
 """
@@ -56,6 +58,14 @@ DEAD_LETTER_ANSWER_FIXED_BYTES = 128
 # Room a reserve or drain answer keeps for its envelope: [request_id, "ok",
 # {"jobs" | "records": [...], "too_large": [...]}] headers (42 bytes at most).
 ANSWER_ENVELOPE_BYTES_MAX = 128
+
+# Rate limits (issue 17): the window keeps the times of at most
+# RATE_LIMIT_JOBS_MAX deliveries per limited queue (runs of equal times share an
+# entry), over at most RATE_LIMIT_PER_MS_MAX (a day).
+RATE_LIMIT_JOBS_MAX = 100_000
+RATE_LIMIT_PER_MS_MAX = 86_400_000
+# A queue's weight in a fair reserve: its turn lasts at most this many deliveries.
+WEIGHT_MAX = 1000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +122,15 @@ class QueuePolicy:
     # Jobs of the queue leased at once, across all workers (issue 17); None =
     # unlimited. A reserve at the cap gets fewer jobs (or waits), never an error.
     max_in_flight: int | None = None
+    # Deliveries of the queue's jobs (lease grants, redeliveries included) in any
+    # window of rate_limit_per_ms milliseconds: at most rate_limit_jobs (issue 17).
+    # Set together or not at all (the file's `rate_limit = { jobs, per_ms }`);
+    # None = unlimited. A reserve at the limit gets fewer jobs (or waits).
+    rate_limit_jobs: int | None = None
+    rate_limit_per_ms: int | None = None
+    # The queue's share in a fair reserve (order "fair", issue 17): when its turn
+    # comes it is served up to `weight` times in a row (weighted round robin).
+    weight: int = 1
 
 
 POLICY_KEYS = tuple(f.name for f in dataclasses.fields(QueuePolicy))
@@ -240,6 +259,19 @@ def _validate_policy(prefix: str, p: QueuePolicy, lim: Limits) -> None:
         raise ConfigError(f"{prefix}.max_queue_depth", "must not be negative")
     if p.max_in_flight is not None and p.max_in_flight < 1:
         raise ConfigError(f"{prefix}.max_in_flight", "must be at least 1")
+    jobs, per_ms = p.rate_limit_jobs, p.rate_limit_per_ms
+    if (jobs is None) != (per_ms is None):
+        raise ConfigError(f"{prefix}.rate_limit", "jobs and per_ms are set together or not at all")
+    if jobs is not None and not 1 <= jobs <= RATE_LIMIT_JOBS_MAX:
+        raise ConfigError(
+            f"{prefix}.rate_limit.jobs", f"must be between 1 and {RATE_LIMIT_JOBS_MAX}"
+        )
+    if per_ms is not None and not 1 <= per_ms <= RATE_LIMIT_PER_MS_MAX:
+        raise ConfigError(
+            f"{prefix}.rate_limit.per_ms", f"must be between 1 and {RATE_LIMIT_PER_MS_MAX}"
+        )
+    if not 1 <= p.weight <= WEIGHT_MAX:
+        raise ConfigError(f"{prefix}.weight", f"must be between 1 and {WEIGHT_MAX}")
 
 
 def queue_name_problem(name: object, max_bytes: int) -> str | None:

@@ -29,6 +29,8 @@ from sepp.core.commands import (
     ADMIN_JOBS_PER_CHUNK_MAX,
     ADMIN_ROLES,
     ADMIN_ROLES_THAT_CHANGE,
+    ORDER_FAIR,
+    ORDER_STRICT,
     RETRY_DEAD_LETTER,
     RETRY_DEFAULT,
     RETRY_DELAY,
@@ -198,6 +200,7 @@ from sepp.core.state import (
     Job,
     QueueState,
     State,
+    rate_room,
 )
 
 _new_tuple = tuple.__new__
@@ -717,7 +720,7 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
     config = state.config
     limits = config.limits
     fields: tuple[object, ...] = cmd
-    raw_queues, lease_ms, max_jobs, worker_id, max_bytes = fields
+    raw_queues, lease_ms, max_jobs, worker_id, max_bytes, order = fields
     if type(raw_queues) is not tuple:
         return InvalidArgument("reserve's queues must be a tuple of queue names")
     for name in raw_queues:
@@ -758,11 +761,18 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
     problem = _optional_worker_id(worker_id, state.config.limits.max_worker_id_bytes)
     if problem is not None:
         return InvalidArgument(problem)
+    if order != ORDER_STRICT and order != ORDER_FAIR:
+        return InvalidArgument(f'order must be "strict" or "fair", not {order!r:.40}')
     want = min(max_jobs, limits.max_reserve_batch)
     deadline = now + min(lease_ms, lease_cap)
     if deadline > TIME_MS_MAX:  # a huge configured lease cap: keep it decodable
         deadline = TIME_MS_MAX
-    picked = _first_ready(state, queues) if want == 1 else _pick(state, queues, want, cmd.max_bytes)
+    if order == ORDER_FAIR and len(queues) > 1:
+        picked = _pick_fair(state, queues, want, cmd.max_bytes, now)
+    elif want == 1:
+        picked = _first_ready(state, queues, now)
+    else:
+        picked = _pick(state, queues, want, cmd.max_bytes, now)
     if not picked:
         return Decision((), now, ReserveResult(()), NOTHING_WOKEN)
     worker_id = cmd.worker_id
@@ -784,19 +794,39 @@ def _decide_reserve(state: State, cmd: Reserve, now: int) -> Decision | CommandE
     return _new_tuple(Decision, (events, now, ReserveResult(views), NOTHING_WOKEN))
 
 
-def _first_ready(state: State, queues: tuple[str, ...]) -> list[Job]:
+def _room(state: State, q: QueueState, now: int) -> int:
+    """How many of `q`'s jobs its flow control lets this reserve lease (issue
+    17): the least of its max_in_flight room and its rate-limit room; -1 = no
+    limit. Both limits apply at once.
+
+    | max_in_flight | rate_limit | room |
+    | --- | --- | --- |
+    | unset | unset | -1 (unlimited) |
+    | cap | unset | cap - in flight (0 at the cap) |
+    | unset | jobs per per_ms | jobs - deliveries in (now - per_ms, now] |
+    | both | both | the smaller of the two |"""
+    config = state.config
+    policy = config.queues.get(q.name, config.defaults)
+    cap = policy.max_in_flight
+    room = -1 if cap is None else max(0, cap - q.in_flight_count)
+    if policy.rate_limit_jobs is not None and room != 0:
+        rate = rate_room(state, q.name, policy, now)
+        if room < 0 or rate < room:
+            room = rate
+    return room
+
+
+def _first_ready(state: State, queues: tuple[str, ...], now: int) -> list[Job]:
     """The usual reserve (one job per request): the head of the highest non-empty
     priority of the first queue that has one. A head is always valid (apply
     prunes); one job is always delivered, whatever its size."""
     known = state.queues
-    config = state.config
     for name in queues:
         q = known.get(name)
         if q is None or q.ready_count == 0 or q.paused:
             continue
-        cap = config.policy(name).max_in_flight
-        if cap is not None and q.in_flight_count >= cap:
-            continue  # at its max_in_flight: fewer jobs, never an error
+        if _room(state, q, now) == 0:
+            continue  # at its max_in_flight or rate limit: fewer jobs, never an error
         for level in reversed(q.ready):  # highest priority first
             if level.fifo or level.heap:
                 head = level.head()
@@ -844,7 +874,9 @@ def dead_letter_answer_bytes(record: DeadLetter) -> int:
     return size
 
 
-def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | None) -> list[Job]:
+def _pick(
+    state: State, queues: tuple[str, ...], want: int, max_bytes: int | None, now: int
+) -> list[Job]:
     """Up to `want` Ready jobs from `queues` in the order given, each queue by
     priority then age."""
     picked: list[Job] = []
@@ -852,15 +884,13 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
     # (every field, not only the payload) would pass the cap (one job is always
     # delivered, whatever its size).
     bytes_left = max_bytes if max_bytes is not None else -1
-    config = state.config
     for name in dict.fromkeys(queues):
         q = state.queues.get(name)
         if q is None or q.ready_count == 0 or q.paused:
             continue
-        # The queue's max_in_flight: at most `room` more of its jobs leased.
-        cap = config.policy(name).max_in_flight
-        room = -1 if cap is None else cap - q.in_flight_count
-        if cap is not None and room <= 0:
+        # The queue's max_in_flight and rate limit: at most `room` more of its jobs.
+        room = _room(state, q, now)
+        if room == 0:
             continue
         taken = 0
         for level in reversed(q.ready):  # highest priority first
@@ -889,6 +919,104 @@ def _pick(state: State, queues: tuple[str, ...], want: int, max_bytes: int | Non
                     return picked
                 if taken == room:
                     break
+    return picked
+
+
+def _ready_jobs(q: QueueState) -> Iterator[Job]:
+    """`q`'s Ready jobs in delivery order: priority, then age."""
+    for level in reversed(q.ready):  # highest priority first
+        if not level.fifo and not level.heap:
+            continue
+        for entry in merge(iter(level.fifo), _ordered(level.heap)):
+            job = entry[2]
+            if job.entry is entry:
+                yield job
+
+
+class _FairLane:
+    """One queue of a fair reserve while it is being decided: its fair
+    bookkeeping as the jobs picked so far would leave it (apply's `fair_served`,
+    played ahead), its room and its jobs left."""
+
+    def __init__(self, q: QueueState, weight: int, room: int) -> None:
+        self.weight = weight
+        self.room = room  # -1 = no limit
+        self.left = q.ready_count
+        self.last = q.fair_last
+        self.turn_start = q.fair_turn_start
+        self.turn_count = q.fair_turn_count
+        self.jobs: Iterator[Job] = _ready_jobs(q)
+
+    def key(self) -> int:
+        count = self.turn_count
+        return self.turn_start if 0 < count < self.weight else self.last
+
+    def served(self, seq: int) -> None:
+        count = self.turn_count
+        if count == 0 or count >= self.weight:
+            self.turn_start = self.last
+            self.turn_count = 1
+        else:
+            self.turn_count = count + 1
+        self.last = seq
+
+
+def _pick_fair(
+    state: State, queues: tuple[str, ...], want: int, max_bytes: int | None, now: int
+) -> list[Job]:
+    """Up to `want` Ready jobs in fair order (issue 17): weighted round robin
+    over the named queues that can deliver (ready jobs, not paused, room under
+    their max_in_flight and rate limit). Each job goes to the queue with the
+    smallest `fair_key` (ties: the order given); a queue whose turn comes is
+    served up to its `weight` times in a row, then waits behind every queue
+    whose key is older.
+
+    Starvation bound: a named queue that can deliver is served within the next
+    sum of the other named queues' weights deliveries of fair reserves naming
+    them -- at most one turn each (keys never decrease, and a queue that took
+    its turn has a key newer than the waiting one's) -- whatever other reserves
+    (strict ones, or fair ones over other queues) deliver meanwhile.
+
+    The keys come from the state (delivery numbers apply stamps on every
+    JobReserved), so the order is deterministic and a replay decides alike."""
+    config = state.config
+    lanes: list[_FairLane] = []
+    for name in dict.fromkeys(queues):
+        q = state.queues.get(name)
+        if q is None or q.ready_count == 0 or q.paused:
+            continue
+        room = _room(state, q, now)
+        if room == 0:
+            continue
+        weight = config.queues.get(name, config.defaults).weight
+        lanes.append(_FairLane(q, weight, room))
+    picked: list[Job] = []
+    bytes_left = max_bytes if max_bytes is not None else -1
+    seq = state.delivery_seq
+    while lanes and len(picked) < want:
+        best = lanes[0]
+        best_key = best.key()
+        for lane in lanes:
+            key = lane.key()
+            if key < best_key:
+                best, best_key = lane, key
+        job = next(best.jobs, None)
+        if job is None:  # pragma: no cover - left counts the valid entries
+            lanes.remove(best)
+            continue
+        if bytes_left >= 0:
+            size = job_answer_bytes(job)
+            if picked and size > bytes_left:
+                return picked
+            bytes_left = max(0, bytes_left - size)
+        picked.append(job)
+        seq += 1
+        best.served(seq)
+        best.left -= 1
+        if best.room > 0:
+            best.room -= 1
+        if best.left == 0 or best.room == 0:
+            lanes.remove(best)
     return picked
 
 
@@ -1516,8 +1644,15 @@ def _decide_put_queue(state: State, cmd: PutQueue, now: int) -> Decision | Comma
         _header(cmd, ADMIN_PUT_QUEUE, name, []),
         QueueDefined(queue=name, overrides=dict(sorted(overrides.items()))),
     )
-    # A raised (or dropped) max_in_flight may let parked reserves have jobs.
-    capped = policy.max_in_flight is not None or state.config.policy(name).max_in_flight is not None
+    # A raised (or dropped) max_in_flight or rate limit may let parked reserves
+    # have jobs.
+    before = state.config.policy(name)
+    capped = (
+        policy.max_in_flight is not None
+        or before.max_in_flight is not None
+        or policy.rate_limit_jobs is not None
+        or before.rate_limit_jobs is not None
+    )
     woken = frozenset((name,)) if capped else NOTHING_WOKEN
     return Decision(events, now, PutQueueResult(name, created, True, policy), woken)
 

@@ -28,6 +28,7 @@ from sepp.core.state import (
     SCHEDULED,
     DeadLetter,
     Job,
+    RateWindow,
     ReadyEntry,
     State,
     index_add,
@@ -62,6 +63,17 @@ def export_meta(state: State) -> dict[str, Any]:
         "schedules": [
             [*sched.spec, sched.paused, sched.next_ms] for sched in state.schedules.values()
         ],
+        # Rate windows (issue 17): queue -> [[time_ms, deliveries], ...], oldest
+        # first, the runs still in the window. Absent in older snapshots: none.
+        "rate_windows": state.rate_windows_now(),
+        # The fair reserve's bookkeeping (issue 17): the deliveries applied so far
+        # and, per queue, [fair_last, fair_turn_start, fair_turn_count]. Absent in
+        # older snapshots: 0, and each queue at 0.
+        "delivery_seq": state.delivery_seq,
+        "fair": {
+            name: [q.fair_last, q.fair_turn_start, q.fair_turn_count]
+            for name, q in state.queues.items()
+        },
     }
 
 
@@ -115,6 +127,21 @@ class StateBuilder:
         for name in paused:
             self.state.queue(name).paused = True
         self._schedules(meta.get("schedules", []))
+        self._rate_windows(meta.get("rate_windows", {}))
+        delivery_seq = meta.get("delivery_seq", 0)
+        if type(delivery_seq) is not int or delivery_seq < 0:
+            raise SnapshotContentError("snapshot meta delivery_seq must be an int >= 0")
+        self.state.delivery_seq = delivery_seq
+        fair = meta.get("fair", {})
+        if not isinstance(fair, dict) or not all(
+            isinstance(name, str)
+            and isinstance(row, list)
+            and len(row) == 3
+            and all(type(v) is int for v in row)
+            for name, row in fair.items()
+        ):
+            raise SnapshotContentError("snapshot meta fair must map queues to 3 ints")
+        self.fair: dict[str, list[int]] = fair
         # meta["queues"] is not read: the state's queues are the declared ones (from
         # the config) and those its rows put something in. A snapshot written before
         # issue 13 lists every queue ever used; empty ones must not come back.
@@ -142,6 +169,27 @@ class StateBuilder:
             self.state.schedules[spec.name] = sched
             if not paused:
                 self.state.schedule_heap.append((next_ms, spec.name))
+
+    def _rate_windows(self, raw: object) -> None:
+        if not isinstance(raw, dict):
+            raise SnapshotContentError("snapshot meta rate_windows must be a map")
+        for name, runs in raw.items():
+            if not isinstance(name, str) or not isinstance(runs, list) or not runs:
+                raise SnapshotContentError("a rate window must map a queue to its runs")
+            window = RateWindow()
+            for run in runs:
+                if (
+                    not isinstance(run, list)
+                    or len(run) != 2
+                    or type(run[0]) is not int
+                    or type(run[1]) is not int
+                    or run[1] < 1
+                    or (window.runs and run[0] <= window.runs[-1][0])
+                ):
+                    raise SnapshotContentError(f"bad rate window run {run!r:.80} of {name!r}")
+                window.runs.append([run[0], run[1]])
+                window.total += run[1]
+            self.state.rate_windows[name] = window
 
     def _job(self, row: list[Any]) -> Job:
         if len(row) != len(JOB_ROW_FIELDS):
@@ -244,4 +292,8 @@ class StateBuilder:
         for record in state.dead.values():
             index_add(state, queues[record.job.queue], record.job)
         state.index_epoch = state.clock_ms
+        for name, q in queues.items():
+            row = self.fair.get(name)
+            if row is not None:
+                q.fair_last, q.fair_turn_start, q.fair_turn_count = row
         return state

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from heapq import heappop, heappush
 from typing import Any
 
-from sepp.core.config import CoreConfig
+from sepp.core.config import CoreConfig, QueuePolicy
 from sepp.core.results import DeadLetterView, JobView
 from sepp.core.schedules import Schedule
 
@@ -113,6 +113,9 @@ QUEUE_OVERRIDE_KEYS = (
     "max_custom_key_bytes",
     "max_queue_depth",
     "max_in_flight",
+    "rate_limit_jobs",
+    "rate_limit_per_ms",
+    "weight",
 )
 
 
@@ -360,6 +363,9 @@ class QueueState:
         "dedup_count",
         "paused",
         "index",
+        "fair_last",
+        "fair_turn_start",
+        "fair_turn_count",
     )
 
     def __init__(self, name: str) -> None:
@@ -377,6 +383,13 @@ class QueueState:
         self.paused = False
         # By status (READY, SCHEDULED, IN_FLIGHT, DEAD): created on first use.
         self.index: list[StatusIndex] | None = None
+        # Fair reserve bookkeeping (issue 17, `fair_served`): the delivery number
+        # (State.delivery_seq) of its newest delivery -- at creation, the number
+        # then, so a queue that comes (back) is not owed a past it never had --
+        # and its current turn: the number it was granted at and its deliveries.
+        self.fair_last = 0
+        self.fair_turn_start = 0
+        self.fair_turn_count = 0
 
     @property
     def live_count(self) -> int:
@@ -395,6 +408,28 @@ class QueueState:
         )
 
 
+def fair_key(q: QueueState, weight: int) -> int:
+    """Where `q` stands in a fair reserve (the smallest key is served next, ties
+    in the order the reserve names the queues): the delivery number its turn was
+    granted at while the turn lasts (fewer than `weight` deliveries), else the
+    number of its newest delivery. Keys never decrease."""
+    count = q.fair_turn_count
+    return q.fair_turn_start if 0 < count < weight else q.fair_last
+
+
+def fair_served(q: QueueState, weight: int, seq: int) -> None:
+    """`q` got delivery number `seq` (any reserve's, strict or fair): a finished
+    (or no) turn starts a new one, granted at the key it had; else the turn goes
+    on. decide._pick_fair plays the same steps ahead for a batch."""
+    count = q.fair_turn_count
+    if count == 0 or count >= weight:
+        q.fair_turn_start = q.fair_last
+        q.fair_turn_count = 1
+    else:
+        q.fair_turn_count = count + 1
+    q.fair_last = seq
+
+
 def ready_level_for_push(q: QueueState, priority: int) -> ReadyLevel:
     """The level of `q` a Ready job of `priority` is pushed onto (its own, never
     the shared empty one)."""
@@ -402,6 +437,91 @@ def ready_level_for_push(q: QueueState, priority: int) -> ReadyLevel:
     if level is EMPTY_READY_LEVEL:
         level = q.ready[priority] = ReadyLevel()
     return level
+
+
+# Windows of queues that may have gone idle are looked at when the dict of rate
+# windows doubles (at least this big): an expired one is dropped (amortised O(1)).
+RATE_WINDOWS_PRUNE_MIN = 64
+
+
+class RateWindow:
+    """The recent deliveries of one rate-limited queue (issue 17): runs of
+    [time_ms, count], oldest first, holding the newest deliveries only -- at most
+    the queue's rate_limit_jobs of them, none older than its rate_limit_per_ms
+    (apply trims on each delivery; a window at the limit is exactly full)."""
+
+    __slots__ = ("runs", "total")
+
+    def __init__(self) -> None:
+        self.runs: deque[list[int]] = deque()
+        self.total = 0
+
+    def add(self, at_ms: int, count: int, jobs: int, per_ms: int) -> None:
+        runs = self.runs
+        if runs and runs[-1][0] == at_ms:
+            runs[-1][1] += count
+        else:
+            runs.append([at_ms, count])
+        self.total += count
+        horizon = at_ms - per_ms
+        while runs and (runs[0][0] <= horizon or self.total - runs[0][1] >= jobs):
+            self.total -= runs[0][1]
+            runs.popleft()
+        if self.total > jobs:  # the oldest run reaches past the newest `jobs`
+            runs[0][1] -= self.total - jobs
+            self.total = jobs
+
+    def used(self, now_ms: int, per_ms: int) -> int:
+        """Deliveries in the window that ends at `now_ms`: after now_ms - per_ms."""
+        horizon = now_ms - per_ms
+        n = self.total
+        for run in self.runs:
+            if run[0] > horizon:
+                break
+            n -= run[1]
+        return n
+
+    def in_window(self, now_ms: int, per_ms: int) -> list[list[int]]:
+        horizon = now_ms - per_ms
+        return [list(run) for run in self.runs if run[0] > horizon]
+
+
+def rate_room(state: State, name: str, policy: QueuePolicy, now_ms: int) -> int:
+    """How many more of `name`'s jobs its rate limit lets a reserve at `now_ms`
+    deliver; -1 = no rate limit."""
+    jobs = policy.rate_limit_jobs
+    per_ms = policy.rate_limit_per_ms
+    if jobs is None or per_ms is None:
+        return -1
+    window = state.rate_windows.get(name)
+    if window is None:
+        return jobs
+    return max(0, jobs - window.used(now_ms, per_ms))
+
+
+def rate_limited_until(state: State, name: str, now_ms: int) -> int | None:
+    """When `name`'s rate window next has room, if it has none at `now_ms` (the
+    oldest delivery in it leaves the window then); None when it has room now or
+    the queue has no rate limit. The server wakes long polls parked on it then."""
+    policy = state.config.policy(name)
+    jobs = policy.rate_limit_jobs
+    per_ms = policy.rate_limit_per_ms
+    window = state.rate_windows.get(name)
+    if jobs is None or per_ms is None or window is None:
+        return None
+    # Room comes back once enough of the oldest deliveries have left the window
+    # (more than one run when the limit was lowered since they were counted).
+    excess = window.used(now_ms, per_ms) - jobs + 1
+    if excess <= 0:
+        return None
+    horizon = now_ms - per_ms
+    for run in window.runs:
+        if run[0] <= horizon:
+            continue
+        excess -= run[1]
+        if excess <= 0:
+            return run[0] + per_ms
+    return None  # pragma: no cover - used() counted these very runs
 
 
 class State:
@@ -449,6 +569,17 @@ class State:
         # runs and still has that next_ms), so a sweep looks at due ones only.
         self.schedules: dict[str, Schedule] = {}
         self.schedule_heap: list[tuple[int, str]] = []
+        # Rate windows (issue 17) of the queues that had a rate limit when their
+        # jobs were delivered, by queue name: kept apart from `queues` because a
+        # queue may be forgotten (emptied) while its window still counts. Built by
+        # apply from each JobReserved and its record's time (so replay rebuilds
+        # it) under the rate limit then in force; an expired window is dropped
+        # when the dict doubles (RATE_WINDOWS_PRUNE_MIN).
+        self.rate_windows: dict[str, RateWindow] = {}
+        self.rate_windows_prune_at = RATE_WINDOWS_PRUNE_MIN
+        # Deliveries (JobReserved events) applied since the log began: the clock
+        # of the fair reserve (QueueState.fair_last).
+        self.delivery_seq = 0
         # The queues kept even when they hold nothing (State.forget_if_empty).
         self.declared: frozenset[str] = frozenset(self.config.queues)
         for name in self.config.queues:
@@ -520,11 +651,54 @@ class State:
             if is_sparse(self.queues):
                 self.queues = dict(self.queues)
 
+    def count_delivery(self, name: str, policy: QueuePolicy) -> None:
+        """One job of `name` was delivered at `clock_ms` (apply of JobReserved):
+        counted in its rate window when the queue has a rate limit."""
+        jobs = policy.rate_limit_jobs
+        per_ms = policy.rate_limit_per_ms
+        if jobs is None or per_ms is None:
+            return
+        windows = self.rate_windows
+        window = windows.get(name)
+        if window is None:
+            if len(windows) >= self.rate_windows_prune_at:
+                self.prune_rate_windows()
+            window = windows[name] = RateWindow()
+        window.add(self.clock_ms, 1, jobs, per_ms)
+
+    def prune_rate_windows(self) -> None:
+        """Drop the windows with nothing left in them at `clock_ms` (or whose
+        queue has no rate limit any more)."""
+        config = self.config
+        now = self.clock_ms
+        for name in list(self.rate_windows):
+            per_ms = config.policy(name).rate_limit_per_ms
+            window = self.rate_windows[name]
+            if per_ms is None or window.used(now, per_ms) == 0:
+                del self.rate_windows[name]
+        self.rate_windows = dict(self.rate_windows)
+        self.rate_windows_prune_at = max(RATE_WINDOWS_PRUNE_MIN, 2 * len(self.rate_windows))
+
+    def rate_windows_now(self) -> dict[str, list[list[int]]]:
+        """The deliveries each rate window still counts at `clock_ms` (for
+        snapshots and comparisons: runs already out of the window are left out)."""
+        config = self.config
+        out: dict[str, list[list[int]]] = {}
+        for name, window in sorted(self.rate_windows.items()):
+            per_ms = config.policy(name).rate_limit_per_ms
+            if per_ms is None:
+                continue
+            runs = window.in_window(self.clock_ms, per_ms)
+            if runs:
+                out[name] = runs
+        return out
+
     def queue(self, name: str) -> QueueState:
         q = self.queues.get(name)
         if q is None:
             name = self.intern(name)
             q = self.queues[name] = QueueState(name)
+            q.fair_last = self.delivery_seq
         return q
 
     # -- heap entry validity (lazy deletion) --------------------------------
@@ -651,6 +825,12 @@ class State:
             },
             "queue_dead_order": {
                 name: list(q.dead) for name, q in sorted(self.queues.items()) if q.dead
+            },
+            "rate_windows": self.rate_windows_now(),
+            "delivery_seq": self.delivery_seq,
+            "fair": {
+                name: (q.fair_last, q.fair_turn_start, q.fair_turn_count)
+                for name, q in sorted(self.queues.items())
             },
         }
 

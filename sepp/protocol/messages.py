@@ -415,12 +415,14 @@ class ReserveBody(NamedTuple):
     wait_ms: int
     max_jobs: int
     worker_id: str | None
+    # "strict" (the default) or "fair" (issue 17); the core checks the value.
+    order: str
 
 
 def parse_reserve(body: dict[str, Any]) -> ReserveBody:
     get = body.get
     queues, lease_ms, wait_ms = get("queues"), get("lease_ms"), get("wait_ms")
-    max_jobs, worker_id = get("max_jobs"), get("worker_id")
+    max_jobs, worker_id, order = get("max_jobs"), get("worker_id"), get("order")
     if (
         type(queues) is list
         and all(type(q) is str for q in queues)
@@ -429,6 +431,7 @@ def parse_reserve(body: dict[str, Any]) -> ReserveBody:
         and (wait_ms is None or (type(wait_ms) is int and INT64_MIN <= wait_ms <= INT64_MAX))
         and (max_jobs is None or (type(max_jobs) is int and INT64_MIN <= max_jobs <= INT64_MAX))
         and (worker_id is None or type(worker_id) is str)
+        and (order is None or type(order) is str)
     ):
         # Every field well-typed (a reserve per request): no Fields round trip.
         return _new_tuple(
@@ -439,17 +442,20 @@ def parse_reserve(body: dict[str, Any]) -> ReserveBody:
                 0 if wait_ms is None else wait_ms,
                 1 if max_jobs is None else max_jobs,
                 worker_id,
+                "strict" if order is None else order,
             ),
         )
     f = Fields(body)  # a field has the wrong type: name it
     wait_ms = f.opt_int("wait_ms")
     max_jobs = f.opt_int("max_jobs")
+    order = f.opt_str("order")
     return ReserveBody(
         f.str_list("queues"),
         f.integer("lease_ms"),
         0 if wait_ms is None else wait_ms,
         1 if max_jobs is None else max_jobs,
         f.opt_str("worker_id"),
+        "strict" if order is None else order,
     )
 
 

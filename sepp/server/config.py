@@ -173,6 +173,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_in_flight": Key(
             "opt_int", None, "jobs of a queue leased at once; unset = unlimited", 1
         ),
+        "rate_limit": Key(
+            "opt_rate_limit",
+            None,
+            "deliveries of a queue's jobs in any window of per_ms ms; unset = unlimited",
+            example=("# rate_limit = { jobs = 100, per_ms = 1000 }",),
+        ),
+        "weight": Key(
+            "int",
+            _POLICY_DEFAULTS.weight,
+            'a queue\'s turn in a fair reserve (order = "fair"): deliveries in a row, 1..1000',
+            1,
+        ),
         "max_payload_bytes": Key("int", _POLICY_DEFAULTS.max_payload_bytes, "", 0),
         "max_message_bytes": Key(
             "int", _LIMIT_DEFAULTS.max_message_bytes, "one request on the wire", 1024
@@ -321,6 +333,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
 }
 
+# The policy keys the file spells as one table: rate_limit = { jobs, per_ms }.
+RATE_LIMIT_KEYS = {"jobs": "rate_limit_jobs", "per_ms": "rate_limit_per_ms"}
+
 # Per-queue keys of [[queues]]: the policy keys, each falling back to its global.
 QUEUE_KEYS: dict[str, Key] = {
     name: (
@@ -331,7 +346,9 @@ QUEUE_KEYS: dict[str, Key] = {
         else SCHEMA["limits"][name]
     )
     for name in POLICY_KEYS
+    if name not in RATE_LIMIT_KEYS.values()
 }
+QUEUE_KEYS["rate_limit"] = SCHEMA["limits"]["rate_limit"]
 
 ALIASES = {("server", "db_path"): ("server", "data_dir")}
 
@@ -424,8 +441,13 @@ class ServerConfig:
         )
 
     def _policy(self, overrides: Mapping[str, Any]) -> QueuePolicy:
-        values = {}
+        values: dict[str, Any] = {}
+        rate_limit = overrides.get("rate_limit") or self.get("limits", "rate_limit")
         for name in POLICY_KEYS:
+            if name in RATE_LIMIT_KEYS.values():
+                field_name = name.removeprefix("rate_limit_")
+                values[name] = None if rate_limit is None else rate_limit[field_name]
+                continue
             if name in overrides and overrides[name] is not None:
                 value = overrides[name]
             elif name == "dedup_window_ms":
@@ -529,11 +551,36 @@ def _coerce(where: str, key: Key, value: Any) -> Any:
         if type(value) is not list or any(type(v) is not str or not v for v in value):
             raise ConfigError(where, "must be a list of non-empty strings")
         return list(value)
+    if kind == "opt_rate_limit":
+        return _coerce_rate_limit(where, value)
     if kind == "api_keys":
         return _coerce_api_keys(where, value)
     if kind == "admin_keys":
         return _coerce_admin_keys(where, value)
     raise AssertionError(f"unknown kind {kind}")  # pragma: no cover
+
+
+def _coerce_rate_limit(where: str, value: Any) -> dict[str, int] | None:
+    """`rate_limit = { jobs = N, per_ms = M }`: both integers of at least 1
+    (their ceilings are the core's, checked with the policy)."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        raise ConfigError(where, "must be a table { jobs = N, per_ms = M }")
+    for key in value:
+        if key not in RATE_LIMIT_KEYS:
+            raise ConfigError(f"{where}.{key}", "unknown key (jobs and per_ms only)")
+    out = {}
+    for key in RATE_LIMIT_KEYS:
+        if key not in value:
+            raise ConfigError(f"{where}.{key}", "is required")
+        number = value[key]
+        if type(number) is not int:
+            raise ConfigError(f"{where}.{key}", f"must be an integer, got {number!r}")
+        if number < 1:
+            raise ConfigError(f"{where}.{key}", f"must be at least 1, got {number}")
+        out[key] = number
+    return out
 
 
 def _coerce_api_keys(where: str, value: Any) -> list[dict[str, str]] | None:
@@ -890,6 +937,8 @@ def _toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(value)  # pragma: no cover
 
 

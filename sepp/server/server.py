@@ -1298,7 +1298,13 @@ class ClientConnection(asyncio.Protocol):
     def op_reserve(self, request_id: int, body: pm.ReserveBody) -> None:
         sink = NativeReserveSink(self, request_id)
         handle = self.server.service.reserve(
-            tuple(body.queues), body.lease_ms, body.max_jobs, body.worker_id, body.wait_ms, sink
+            tuple(body.queues),
+            body.lease_ms,
+            body.max_jobs,
+            body.worker_id,
+            body.wait_ms,
+            sink,
+            order=body.order,
         )
         if handle is not None:
             sink.handle = handle

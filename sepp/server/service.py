@@ -94,6 +94,7 @@ from sepp.core.results import (
     ReserveResult,
 )
 from sepp.core.schedules import CATCH_UP_DEFAULT
+from sepp.core.state import rate_limited_until
 from sepp.server.admission import WaitList
 from sepp.server.config import ADMIN_ROLES, AdminKey, ServerConfig
 from sepp.server.ids import JobIds
@@ -376,6 +377,10 @@ class SeppService:
         self._wake_scheduled = False
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._sweep_target: int | None = None
+        # The timer that wakes long polls parked on a queue at its rate limit
+        # when the queue's window frees (issue 17), and when it fires.
+        self._rate_timer: asyncio.TimerHandle | None = None
+        self._rate_target: int | None = None
         self.sweep_interval_ms = config.get("storage", "sweep_interval_ms")
         self.max_wait_ms = config.get("limits", "max_wait_timeout_ms")
         self.answer_items_bytes_max = (
@@ -458,6 +463,9 @@ class SeppService:
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
         for waiters in list(self._parked.values()):
             for parked in list(waiters):
                 self._finish_parked(parked, ())
@@ -1092,11 +1100,13 @@ class SeppService:
         wait_ms: int,
         sink: ReserveSink,
         answer_bytes_max: int | None = None,
+        order: str = "strict",
     ) -> ParkedReserve | None:
         """Lease up to `max_jobs` jobs; the answer goes to `sink` once durable. If
         none is ready and `wait_ms` > 0 (capped at max_wait_timeout_ms) the reserve
         is parked and its handle returned (for `withdraw` / `abandon`). A front
-        whose clients take less than max_message_bytes passes `answer_bytes_max`."""
+        whose clients take less than max_message_bytes passes `answer_bytes_max`.
+        `order`: "strict" (the queues in the order given) or "fair" (issue 17)."""
         if self.stopping:
             raise ShuttingDown()
         if wait_ms < 0:
@@ -1107,7 +1117,9 @@ class SeppService:
         # Positional, in Reserve's field order: a reserve per request is the
         # worker's hot path. max_bytes keeps the answer within one frame of the
         # client's (= our) limit, leaving room for the envelope.
-        command: Reserve = _new_tuple(Reserve, (queues, lease_ms, max_jobs, worker_id, max_bytes))
+        command: Reserve = _new_tuple(
+            Reserve, (queues, lease_ms, max_jobs, worker_id, max_bytes, order)
+        )
         decision, barrier = self.run(command)
         if type(decision) is not Decision:
             assert isinstance(decision, CommandError)
@@ -1134,6 +1146,7 @@ class SeppService:
         wait_ms: int,
         peer: str,
         answer_bytes_max: int | None = None,
+        order: str = "strict",
     ) -> tuple[JobView, ...]:
         """`reserve`, awaited: the jobs once durable (possibly none), or
         CommandRefused / StorageFailed. Cancelled while parked, it leases nothing;
@@ -1147,6 +1160,7 @@ class SeppService:
             wait_ms,
             FutureSink(future, peer),
             answer_bytes_max,
+            order,
         )
         try:
             return await future
@@ -1177,6 +1191,7 @@ class SeppService:
             waiters.append(parked)
         assert self._loop is not None
         parked.timer = self._loop.call_later(wait_ms / 1000, self._parked_timeout, parked)
+        self._watch_rate_limits(parked.queues)
 
     def _parked_timeout(self, parked: ParkedReserve) -> None:
         self._finish_parked(parked, ())
@@ -1301,6 +1316,51 @@ class SeppService:
                 if not reply.jobs:
                     break
                 self._finish_parked(parked, reply.jobs, barrier)
+            if queue in self._parked:
+                self._watch_rate_limits((queue,))
+
+    # -- rate limits (issue 17) ------------------------------------------------------------------
+    #
+    # A long poll parked on a queue at its rate limit waits for the queue's
+    # window to free: no command makes that happen (nothing becomes Ready), so a
+    # timer does. It fires when the first such window frees and wakes the parked
+    # reserves of every rate-limited queue; the wake pass serves what it can and
+    # arms the timer again for the queues still waiting (a timer that fired a
+    # little early finds no room and re-arms). One timer, whatever the number of
+    # queues.
+
+    def _watch_rate_limits(self, queues: Sequence[str] | tuple[str, ...]) -> None:
+        engine = self.engine
+        if engine is None or self._loop is None or self.stopping:
+            return
+        state = engine.state
+        if not state.rate_windows:
+            return  # no queue has counted a delivery under a rate limit
+        now = self.now_ms()
+        best = self._rate_target
+        for queue in queues:
+            at = rate_limited_until(state, queue, now)
+            if at is not None and (best is None or at < best):
+                best = at
+        if best is None or best == self._rate_target:
+            return
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+        self._rate_target = best
+        self._rate_timer = self._loop.call_later(max(0, best - now) / 1000, self._rate_wake)
+
+    def _rate_wake(self) -> None:
+        self._rate_timer = None
+        self._rate_target = None
+        engine = self.engine
+        if self.stopping or engine is None:
+            return
+        config = engine.state.config
+        limited = frozenset(
+            queue for queue in self._parked if config.policy(queue).rate_limit_jobs is not None
+        )
+        if limited:
+            self._wake(limited)
 
     # -- the sweep -------------------------------------------------------------------------------
 

@@ -389,12 +389,14 @@ def _field_by_field_reserve(body: dict) -> pm.ReserveBody:
     f = pm.Fields(body)
     wait_ms = f.opt_int("wait_ms")
     max_jobs = f.opt_int("max_jobs")
+    order = f.opt_str("order")
     return pm.ReserveBody(
         f.str_list("queues"),
         f.integer("lease_ms"),
         0 if wait_ms is None else wait_ms,
         1 if max_jobs is None else max_jobs,
         f.opt_str("worker_id"),
+        "strict" if order is None else order,
     )
 
 
@@ -431,6 +433,7 @@ def _body(fields: dict[str, st.SearchStrategy]) -> st.SearchStrategy[dict]:
             "wait_ms": _near,
             "max_jobs": _near,
             "worker_id": _near,
+            "order": _near,
         }
     )
 )

@@ -56,5 +56,12 @@ def test_the_commands_the_server_builds_positionally_keep_their_field_order() ->
     # op_enqueue / op_reserve / op_ack build these with tuple.__new__ (the hot path):
     # a reordered field would pass a value to the wrong name without an error.
     assert Enqueue._fields == ("jobs", "atomic")
-    assert Reserve._fields == ("queues", "lease_ms", "max_jobs", "worker_id", "max_bytes")
+    assert Reserve._fields == (
+        "queues",
+        "lease_ms",
+        "max_jobs",
+        "worker_id",
+        "max_bytes",
+        "order",
+    )
     assert Ack._fields == ("job_id", "attempt", "worker_id", "enqueued_at")
