@@ -165,6 +165,9 @@ class ClusterMode:
         service = server.service
         service.stop()  # no sweeps; parked reserves answered empty
         service.stopping = server.shutting_down
+        # As before the first lead: the admin and gRPC fronts answer "not ready"
+        # (503 / UNAVAILABLE) rather than read or change a stale state.
+        service.engine = service.pipeline = None
         server.engine = server.pipeline = None
 
     async def stop(self) -> None:

@@ -182,6 +182,8 @@ async def test_a_leader_whose_append_is_refused_answers_not_leader_and_steps_dow
         await settle()
         assert leader.cluster is not None and not leader.cluster.serving
         assert leader.cluster.node.step_downs == 1
+        # The admin and gRPC fronts see no engine: "not ready", never a stale state.
+        assert leader.service.engine is None and leader.service.pipeline is None
         refused = await client.call("enqueue", {"jobs": [job("q")]})
         assert refused.status == perr.UNAVAILABLE
         # Someone leads again (possibly the same node, rebuilt from the log).
