@@ -26,7 +26,9 @@ browser's console reported as an error since the previous call:
   `javascript`) and `console.error` (type `console`). Firefox does not log a 4xx
   page as an error (`Browser.logs_refused_loads` is False). The events arrive on
   their own socket, so a read first logs a marker with `console.debug` in the
-  page and collects up to it: whatever the page logged before is in.
+  page and collects up to it: whatever the page logged before is in. The same
+  socket sizes the page (`browsingContext.setViewport`): a Firefox window is
+  never narrower than 500 px, the console's narrow screenshots are 390 px.
 
 Must not import: the server; this module knows browsers, not sepp.
 """
@@ -216,9 +218,10 @@ def _start_firefox(window: tuple[int, int], artefacts: Path) -> Browser:
     except BaseException:
         marionette.cleanup()
         raise
-    bidi = BidiLog(socket)
-    bidi.subscribe()
-    driver = FirefoxDriver(marionette)
+    bidi = Bidi(socket)
+    bidi.command("session.subscribe", {"events": ["log.entryAdded"]})
+    driver = FirefoxDriver(marionette, bidi)
+    driver.set_window_size(*window)
 
     def console_errors() -> list[ConsoleError]:
         return bidi.errors_until_marker(marionette.current_window_handle)
@@ -243,19 +246,17 @@ def _start_firefox(window: tuple[int, int], artefacts: Path) -> Browser:
     )
 
 
-class BidiLog:
-    """The session's BiDi socket, subscribed to `log.entryAdded`; read only when
-    the test asks for the console's errors (events wait in the socket)."""
+class Bidi:
+    """The session's WebDriver BiDi socket, subscribed to `log.entryAdded`. The
+    socket is read only when the test waits for a command's answer or asks for
+    the console's errors; log entries met while waiting for an answer are kept
+    for the next read of the console."""
 
     def __init__(self, socket: Any) -> None:
         self.socket = socket
         self.ids = itertools.count(1)
         self.markers = itertools.count(1)
-
-    def send(self, method: str, params: dict[str, Any]) -> int:
-        command_id = next(self.ids)
-        self.socket.send(json.dumps({"id": command_id, "method": method, "params": params}))
-        return command_id
+        self.entries: list[dict[str, Any]] = []
 
     def receive(self, deadline: float) -> dict[str, Any]:
         remaining = deadline - time.monotonic()
@@ -267,17 +268,33 @@ class BidiLog:
             raise AssertionError(f"firefox's BiDi socket answered an error: {message}")
         return message
 
-    def subscribe(self) -> None:
-        command_id = self.send("session.subscribe", {"events": ["log.entryAdded"]})
+    def command(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Sends a command and returns its answer's result."""
+        command_id = next(self.ids)
+        self.socket.send(json.dumps({"id": command_id, "method": method, "params": params}))
         deadline = time.monotonic() + CONSOLE_MARKER_S
-        while self.receive(deadline).get("id") != command_id:
-            pass
+        while True:
+            message = self.receive(deadline)
+            if message.get("method") == "log.entryAdded":
+                self.entries.append(message["params"])
+            elif message.get("id") == command_id:
+                result: dict[str, Any] = message.get("result", {})
+                return result
+
+    def next_entry(self, deadline: float) -> dict[str, Any]:
+        if self.entries:
+            return self.entries.pop(0)
+        while True:
+            message = self.receive(deadline)
+            if message.get("method") == "log.entryAdded":
+                entry: dict[str, Any] = message["params"]
+                return entry
 
     def errors_until_marker(self, context: str) -> list[ConsoleError]:
         """Logs a marker in the page of `context` (a window handle is its BiDi
         context) and returns the error entries received before it."""
         marker = f"sepp-console-marker-{next(self.markers)}"
-        self.send(
+        self.command(
             "script.evaluate",
             {
                 "expression": f"console.debug({json.dumps(marker)})",
@@ -288,10 +305,7 @@ class BidiLog:
         errors: list[ConsoleError] = []
         deadline = time.monotonic() + CONSOLE_MARKER_S
         while True:
-            message = self.receive(deadline)
-            if message.get("method") != "log.entryAdded":
-                continue  # the evaluate's answer
-            entry = message["params"]
+            entry = self.next_entry(deadline)
             if entry.get("type") == "console" and entry.get("text") == marker:
                 return errors
             if entry.get("level") == "error":
@@ -338,8 +352,9 @@ translated = _Translated()
 class FirefoxDriver:
     """selenium's WebDriver surface that the tests use, over Marionette."""
 
-    def __init__(self, marionette: Any) -> None:
+    def __init__(self, marionette: Any, bidi: Bidi) -> None:
         self.m = marionette
+        self.bidi = bidi
 
     def get(self, url: str) -> None:
         with translated:
@@ -372,8 +387,15 @@ class FirefoxDriver:
             )
 
     def set_window_size(self, width: int, height: int) -> None:
-        with translated:
-            self.m.set_window_rect(width=width, height=height)
+        # The page's viewport, not the window: Firefox keeps a window at least
+        # 500 px wide, and the console's narrow screenshots are 390 px.
+        self.bidi.command(
+            "browsingContext.setViewport",
+            {
+                "context": self.m.current_window_handle,
+                "viewport": {"width": width, "height": height},
+            },
+        )
 
     def save_screenshot(self, path: str) -> bool:
         # The viewport, like selenium's (full=False).
