@@ -106,6 +106,7 @@ class ClusterNode:
         clock_ms: Callable[[], int],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         renew_ms: int = LEASE_RENEW_MS,
+        lease_ttl_ms: int = LEASE_TTL_MS,
         serving: Serving | None = None,
         on_role: Callable[[ClusterNode], None] | None = None,
         blobs: BlobStore | None = None,
@@ -119,6 +120,8 @@ class ClusterNode:
         self.clock_ms = clock_ms
         self._sleep = sleep
         self.renew_ms = renew_ms
+        self.lease_ttl_ms = lease_ttl_ms
+        self._renewed_at_ms = 0
         # Snapshots (issue 19 item 4): a follower stores one in `blobs` every
         # `snapshot_every` log messages (0: never); every node boots from the newest.
         self.blobs = blobs
@@ -323,6 +326,7 @@ class ClusterNode:
             return
         epoch = max(self.epoch, applier.tip.epoch) + 1
         try:
+            acquired_at_ms = self.clock_ms()
             held = await self.lease.acquire(LeaseRecord(self.node_id, self.address, epoch))
         except ReplicatedLogError as exc:
             log.warning("node %s: acquiring the lease failed: %s", self.node_id, exc)
@@ -355,6 +359,7 @@ class ClusterNode:
             self._set_role(ROLE_FOLLOWER)
             return
         self._held = held
+        self._renewed_at_ms = acquired_at_ms
         self.committer = committer
         self.epoch = epoch
         self.leader = self.address
@@ -386,7 +391,12 @@ class ClusterNode:
             try:
                 renewed = renewal.result()
             except ReplicatedLogError as exc:
-                log.warning("node %s: renewing the lease failed: %s", self.node_id, exc)
+                # The backend is unreachable for now (not: the lease is another's).
+                # Go on while the lease cannot have lapsed: appends stay fenced
+                # whatever happens to it; past the TTL another node may lead.
+                if self.clock_ms() - self._renewed_at_ms < self.lease_ttl_ms:
+                    log.warning("node %s: renewing the lease failed: %s", self.node_id, exc)
+                    continue
                 renewed = None
             if renewed is None:
                 await self._step_down(
@@ -394,6 +404,7 @@ class ClusterNode:
                 )
                 return
             self._held = renewed
+            self._renewed_at_ms = self.clock_ms()
 
     async def _pause_leading(self, committer_task: asyncio.Task[None]) -> None:
         sleeper = asyncio.ensure_future(self._sleep(self.renew_ms / 1000))

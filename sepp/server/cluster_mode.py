@@ -100,6 +100,7 @@ class ClusterMode:
             clock_ms=server.clock,
             sleep=backend.sleep,
             renew_ms=settings.lease_renew_ms,
+            lease_ttl_ms=settings.lease_ttl_ms,
             serving=self,
             on_role=self._role_changed,
             blobs=backend.blobs,

@@ -27,7 +27,14 @@ from sepp.cluster.node import (
     ClusterNode,
     LocalServing,
 )
-from sepp.cluster.replog import Entry, HeldLease, LeaseRecord, MemoryLease, MemoryLog
+from sepp.cluster.replog import (
+    Entry,
+    HeldLease,
+    LeaseRecord,
+    MemoryLease,
+    MemoryLog,
+    ReplicatedLogError,
+)
 from sepp.core.commands import ChangeLeader
 from sepp.core.events import LeaderChanged
 from sepp.storage.replay import replay_run
@@ -95,9 +102,13 @@ class CutLease:
     def __init__(self, shared: MemoryLease) -> None:
         self.shared = shared
         self.cut = False
+        # Calls fail at once (the backend unreachable) while set.
+        self.failing = False
         self._never: asyncio.Event = asyncio.Event()
 
     async def _gate(self) -> None:
+        if self.failing:
+            raise ReplicatedLogError("injected: the lease's backend is unreachable")
         if self.cut:
             await self._never.wait()
 
@@ -310,6 +321,41 @@ async def test_a_deposed_leaders_append_is_refused_and_it_steps_down(
         await cluster.converge(cluster.nodes)
         assert len({state_hash(n.engine.state) for n in cluster.nodes}) == 1
         assert all(len(nodes) == 1 for nodes in epochs_by_appender(cluster).values())
+    finally:
+        await cluster.close()
+
+
+async def test_a_leader_whose_renewals_fail_for_less_than_the_ttl_keeps_leading(
+    rng: random.Random,
+) -> None:
+    cluster = Cluster()
+    cluster.start()
+    try:
+        leader = await cluster.wait_leader()
+        cluster.leases[leader.node_id].failing = True
+        await cluster.clock.advance(LEASE_TTL_MS - LEASE_RENEW_MS - 100)
+        cluster.leases[leader.node_id].failing = False
+        await cluster.clock.advance(LEASE_RENEW_MS + 100)
+
+        assert leader.role == ROLE_LEADER and leader.step_downs == 0
+        assert cluster.leaders() == [leader]
+        await cluster.submit_random(rng, leader, 10)
+    finally:
+        await cluster.close()
+
+
+async def test_a_leader_whose_renewals_fail_past_the_ttl_steps_down() -> None:
+    cluster = Cluster()
+    cluster.start()
+    try:
+        leader = await cluster.wait_leader()
+        cluster.leases[leader.node_id].failing = True
+        await cluster.clock.advance(LEASE_TTL_MS + LEASE_RENEW_MS)
+
+        assert leader.step_downs == 1 and leader.role != ROLE_LEADER
+        cluster.leases[leader.node_id].failing = False
+        successor = await cluster.wait_leader()
+        assert successor.epoch == 2
     finally:
         await cluster.close()
 
