@@ -174,6 +174,23 @@ class MSchedule:
     created_at: int
     next: int  # the first tick not yet fired
     paused: bool = False
+    # A cron schedule ("*/k * * * *" in UTC, k dividing 60: see cron_period_ms):
+    # its ticks are the multiples of every_ms = k minutes since the epoch.
+    cron: str | None = None
+
+
+def cron_period_ms(cron: str) -> int | None:
+    """The model's cron vocabulary, plainly: `* * * * *` and `*/k * * * *` with k
+    dividing 60 fire at every multiple of k minutes since the epoch (in UTC, an
+    hour and a day are whole numbers of k minutes). None: not in the vocabulary."""
+    fields = cron.split()
+    if len(fields) != 5 or fields[1:] != ["*"] * 4:
+        return None
+    minute = fields[0]
+    step = "1" if minute == "*" else minute.removeprefix("*/")
+    if not step.isdigit() or minute not in ("*", f"*/{step}") or int(step) not in (1, 2, 3, 5):
+        return None
+    return int(step) * 60_000
 
 
 def fair_key(row: list[int], weight: int) -> int:
@@ -228,8 +245,9 @@ class Model:
         self.paused: set[str] = set()
         # Queues defined at runtime (PutQueue): name -> overrides of the file's policy.
         self.overrides: dict[str, dict[str, Any]] = {}
-        # Schedules (issue 17), fixed-interval ones only (cron is checked by its
-        # own tests against zoneinfo): name -> MSchedule.
+        # Schedules (issue 17): fixed intervals, and crons of a small vocabulary in
+        # UTC (cron_period_ms; the parser, DST and zones are checked by their own
+        # tests against zoneinfo): name -> MSchedule.
         self.schedules: dict[str, MSchedule] = {}
         # Rate limits (issue 17): queue -> the times of its deliveries counted
         # while it had a rate limit, one entry per job, the newest rate_limit_jobs
@@ -978,7 +996,7 @@ class Model:
             (promoted, redelivered, dead_lettered, len(lapsed), dead_expired, fired, skipped),
         )
 
-    # -- schedules (every_ms only) -------------------------------------------------
+    # -- schedules (every_ms, and crons as their period: cron_period_ms) -----------
 
     def _fire_schedules(
         self, t: int, limit: int, before_live: dict[str, int], before_ids: set[str]
@@ -1054,15 +1072,32 @@ class Model:
         return True
 
     def put_schedule(
-        self, name: str, queue: str, job_type: str, every_ms: int, catch_up: str, now: int
+        self,
+        name: str,
+        queue: str,
+        job_type: str,
+        every_ms: int | None,
+        catch_up: str,
+        now: int,
+        cron: str | None = None,
     ) -> tuple[Any, ...]:
-        """PutSchedule with every_ms (the stateful test's vocabulary)."""
+        """PutSchedule with every_ms, or a cron of the model's vocabulary
+        (cron_period_ms) in UTC; any other cron must be refused (the simulation
+        puts only those and ones that do not parse)."""
         t = self._start(now)
         if not name or self._queue_name_error(queue):
             return self._error(IA)
         if self.config.strict_queues and not self.declared(queue):
             return self._error("QueueNotFound")
-        if not 1_000 <= every_ms <= 366 * 86_400_000 or catch_up not in ("none", "one", "all"):
+        if cron is not None:
+            every_ms = cron_period_ms(cron)
+            if every_ms is None:
+                return self._error(IA)
+        if (
+            every_ms is None
+            or not 1_000 <= every_ms <= 366 * 86_400_000
+            or catch_up not in ("none", "one", "all")
+        ):
             return self._error(IA)
         # The job as the sweep will enqueue it, with the longest key and tick.
         probe = NewJob(
@@ -1076,18 +1111,20 @@ class Model:
             return self._error(IA)
         self._commit_time()
         old = self.schedules.get(name)
+        # The first tick: every_ms after now, or the cron's first tick after now.
+        first = t + every_ms if cron is None else (t // every_ms + 1) * every_ms
         if old is None:
             self.schedules[name] = MSchedule(
-                name, queue, job_type, every_ms, catch_up, t, t + every_ms
+                name, queue, job_type, every_ms, catch_up, t, first, cron=cron
             )
-            return ("schedule", name, True, True, False, t + every_ms)
-        same_timing = old.every_ms == every_ms
-        new_next = old.next if same_timing else t + every_ms
-        changed = (old.queue, old.job_type, old.every_ms, old.catch_up, old.next) != (
-            queue, job_type, every_ms, catch_up, new_next
+            return ("schedule", name, True, True, False, first)
+        same_timing = old.every_ms == every_ms and old.cron == cron
+        new_next = old.next if same_timing else first
+        changed = (old.queue, old.job_type, old.every_ms, old.catch_up, old.next, old.cron) != (
+            queue, job_type, every_ms, catch_up, new_next, cron
         )  # fmt: skip
-        old.queue, old.job_type, old.every_ms, old.catch_up, old.next = (
-            queue, job_type, every_ms, catch_up, new_next
+        old.queue, old.job_type, old.every_ms, old.catch_up, old.next, old.cron = (
+            queue, job_type, every_ms, catch_up, new_next, cron
         )  # fmt: skip
         return ("schedule", name, False, changed, old.paused, new_next)
 

@@ -49,7 +49,13 @@ Checks (a failure of any is a *violation*):
    state equals the model rebuilt from exactly the first k logged commands —
    including the clock — so nothing acknowledged is lost and nothing
    unacknowledged appears except a prefix of the in-doubt tail;
-4. the engine then keeps working: the next cycle runs on it.
+4. the engine then keeps working: the next cycle runs on it;
+5. issue 17, apart from the model: every sweep fires what its schedules' catch-up
+   policies allow and each tick at most once in the log's history, across crashes
+   (`ScheduleAudit`; restarts come after a random downtime, so schedules come back
+   behind); no command takes a queue's jobs in flight past its max_in_flight
+   (`check_max_in_flight`, counted in the state after every command); no window
+   of a rate-limited queue holds more deliveries than its limit (`RateAudit`).
 
 Every run prints the seed; a failing seed prints `SEPP_SEED=<seed> python -m
 tools.sim --seeds 1`, which replays exactly that run (nothing here reads a
@@ -123,9 +129,12 @@ from sepp.core.commands import (
     ResumeQueue,
     ResumeSchedule,
 )
-from sepp.core.events import CAUSE_NAMES
+from sepp.core.events import CAUSE_NAMES, JobEnqueued, JobReserved, ScheduleAdvanced
 from sepp.core.invariants import InvariantViolation
 from sepp.core.results import CommandError
+from sepp.core.schedules import SCHEDULE_ON_TIME_MS, next_cron_tick
+from sepp.core.state import IN_FLIGHT as CORE_IN_FLIGHT
+from sepp.core.state import State
 from sepp.storage import HOOK_POINTS, Engine, RecoveryError, StorageFailed, StorageOptions
 from sepp.storage.faultfs import MUTATING_OPS, Crasher, FaultyFileSystem, SimulatedCrash
 
@@ -166,10 +175,10 @@ CORE_CONFIGS: dict[str, CoreConfig] = {
             max_schedule_horizon_ms=60_000,
         ),
         dead_letter_retention_ms=4_000,
-    ),
+    ).with_queue("b", rate_limit_jobs=3, rate_limit_per_ms=1_000),  # issue 17
     "dropped": CoreConfig(
         defaults=QueuePolicy(dedup_window_ms=5_000, max_queue_depth=30, max_lease_duration_ms=1_500)
-    ),
+    ).with_queue("c", max_in_flight=2),  # issue 17: never a third of c's jobs leased
     "declared": CoreConfig(
         strict_queues=True,
         dead_letter_retention_ms=1_500,
@@ -182,6 +191,10 @@ CORE_CONFIGS: dict[str, CoreConfig] = {
     .with_queue("b", retry_delay_ms=0, retry_backoff="exponential"),
 }
 
+
+# How long the process stays down before a restart (simulated ms): schedules
+# then have ticks to catch up on (several every_ms ticks, a cron minute or two).
+RESTART_DOWNTIME_MS = (0, 0, 0, 1_500, 7_000, 130_000)
 
 # The faults a cycle draws from (each counted as `fault_<name>`), and how often.
 FAULTS = (
@@ -261,6 +274,226 @@ class ModelLog:
         self.live = self._clone(self.base)
 
 
+# ---------------------------------------------------------------- issue 17's promises
+
+
+class ScheduleAudit:
+    """Issue 17's schedule promises, checked on every sweep the engine decides,
+    from the schedules as the sweep found them and the events it logged -- apart
+    from the model (which only says the core and it agree):
+
+    - a fired tick is due (at or before the sweep's time, at or after the
+      schedule's next tick) and is exactly one JobEnqueued of the same record,
+      with the key `schedule:<name>:<tick>`;
+    - per catch-up policy: `all` fires every due tick (oldest first, at most the
+      sweep limit less the ticks fired before it in the sweep) and accounts for each one it passes (fired + skipped), `one`
+      the newest due tick only, `none` the newest only if at most
+      SCHEDULE_ON_TIME_MS late; after them the next tick is the first one
+      after those handled (after the sweep's time, but for `all` at its limit);
+    - no paused or not-yet-due schedule fires, and no due one is left unhandled
+      (unless the sweep's limit ran out);
+    - a tick fires at most once in the log's history of the schedule (one
+      definition: its name and creation time), across crashes: a crash takes
+      back exactly the ticks of the records it lost (`recovered`)."""
+
+    def __init__(self) -> None:
+        # (name, created_at) -> (seq, tick) of each tick fired, in log order.
+        self.fired: dict[tuple[str, int], list[tuple[int, int]]] = {}
+
+    @staticmethod
+    def before(state: State) -> dict[str, tuple[Any, int, bool, Any]]:
+        """The schedules as a command finds them: spec, next tick, paused, cron."""
+        return {n: (s.spec, s.next_ms, s.paused, s.cron) for n, s in state.schedules.items()}
+
+    @staticmethod
+    def _after(spec: Any, cron: Any, tick: int) -> int | None:
+        if spec.every_ms is not None:
+            return int(tick + spec.every_ms)
+        return next_cron_tick(cron, tuple(spec.zone), tick)
+
+    def decided(
+        self,
+        before: dict[str, tuple[Any, int, bool, Any]],
+        decision: Decision,
+        seq: int,
+        now: int,
+        limit: int,
+        stats: Counter[str],
+        *,
+        sweep: bool,
+    ) -> None:
+        """`decision` was logged at `seq` at time `now` (`sweep`: a Sweep's)."""
+        enqueued: dict[str, list[int]] = {}
+        for ev in decision.events:
+            if type(ev) is JobEnqueued and ev.custom and "schedule_tick_ms" in ev.custom:
+                name, tick = ev.custom["schedule"], ev.custom["schedule_tick_ms"]
+                if ev.idempotency_key != f"schedule:{name}:{tick}":
+                    raise Violation(f"tick {tick} of {name} enqueued with key {ev.idempotency_key}")
+                enqueued.setdefault(name, []).append(tick)
+        handled: set[str] = set()
+        fired_total = 0
+        for ev in decision.events:
+            if type(ev) is not ScheduleAdvanced:
+                continue
+            name, fired = ev.name, list(ev.fired)
+            where = (
+                f"schedule {name} at {now}: fired {fired}, skipped {ev.skipped}, next {ev.next_ms}"
+            )
+            if not sweep or name not in before or name in handled:
+                raise Violation(f"{where}: not a sweep, not a schedule, or handled twice")
+            handled.add(name)
+            spec, first, paused, cron = before[name]
+            if paused or first > now:
+                raise Violation(f"{where}: it was {'paused' if paused else f'not due ({first})'}")
+            if fired != enqueued.pop(name, []):
+                raise Violation(f"{where}: the record enqueued ticks {enqueued.get(name)}")
+            due = [first]
+            while len(due) < 5_000:
+                nxt = self._after(spec, cron, due[-1])
+                if nxt is None or nxt > now:
+                    break
+                due.append(nxt)
+            policy = spec.catch_up
+            if policy == "all":
+                considered = [t for t in due if t < ev.next_ms]
+                ok = (
+                    bool(considered)
+                    and set(fired) <= set(considered)
+                    and len(fired) + ev.skipped == len(considered)
+                    and ev.next_ms == self._after(spec, cron, considered[-1])
+                    and (ev.next_ms > now or len(considered) >= limit - fired_total)
+                )
+            else:
+                ok = (
+                    set(fired) <= {due[-1]}
+                    and len(fired) + ev.skipped == len(due)
+                    and ev.next_ms == self._after(spec, cron, due[-1])
+                    and (policy == "one" or not fired or now - due[-1] <= SCHEDULE_ON_TIME_MS)
+                )
+            if not ok:
+                raise Violation(f"{where}: not what catch_up = {policy} allows (due {due[:20]})")
+            history = self.fired.setdefault((name, spec.created_at), [])
+            last = history[-1][1] if history else None
+            if fired and last is not None and fired[0] <= last:
+                raise Violation(f"{where}: tick {fired[0]} fired again (last fired {last})")
+            if fired != sorted(set(fired)):
+                raise Violation(f"{where}: ticks out of order or twice")
+            history.extend((seq, tick) for tick in fired)
+            fired_total += len(fired)
+            kind = "cron" if spec.cron is not None else "every"
+            stats[f"schedule_ticks_fired_{kind}_{policy}"] += len(fired)
+            stats[f"schedule_ticks_skipped_{kind}_{policy}"] += ev.skipped
+        if enqueued:
+            raise Violation(f"ticks enqueued with no ScheduleAdvanced: {enqueued}")
+        if sweep and fired_total < limit:
+            for name, (_spec, first, paused, _cron) in before.items():
+                if not paused and first <= now and name not in handled:
+                    raise Violation(
+                        f"schedule {name} due at {first} left alone by the sweep at {now}"
+                    )
+
+    def recovered(self, seq: int) -> None:
+        """The engine came back with records 1..seq: later ticks never fired."""
+        for history in self.fired.values():
+            while history and history[-1][0] > seq:
+                history.pop()
+
+
+def check_max_in_flight(
+    model: Model, before: dict[str, int], after: dict[str, int], what: str, stats: Counter[str]
+) -> None:
+    """No command takes a capped queue's in-flight jobs (counted in the state, not
+    by its counters) above its max_in_flight (the model's policy): a cap lowered
+    below the jobs already leased leaves them, but leases no more."""
+    for queue, count in after.items():
+        cap = model.policy(queue).max_in_flight
+        if cap is None or count <= before.get(queue, 0):
+            continue
+        stats["max_in_flight_leases"] += count - before.get(queue, 0)
+        stats["max_in_flight_reached"] += count == cap
+        if count > cap:
+            raise Violation(
+                f"{what}: {count} jobs of queue {queue} in flight, max_in_flight {cap} "
+                f"(before it: {before.get(queue, 0)})"
+            )
+
+
+# Deliveries older than this (simulated ms) are past every rate window the
+# simulation sets (RateAudit forgets them).
+RATE_WINDOW_MS_MAX = 10_000
+
+
+class RateAudit:
+    """Issue 17's rate limits, apart from the model: since a queue's rate limit
+    {jobs N, per_ms M} took its present value, no window (t - M, t] holds more
+    than N of its deliveries (lease grants, redeliveries included: the
+    JobReserved events of the log). A crash takes back the deliveries and the
+    limit changes of the records it lost (`recovered`)."""
+
+    def __init__(self) -> None:
+        self.deliveries: dict[str, list[tuple[int, int]]] = {}  # queue -> (seq, time)
+        self.changes: dict[str, list[int]] = {}  # queue -> seqs that changed its limit
+
+    @staticmethod
+    def limits(model: Model) -> dict[str, tuple[int | None, int | None]]:
+        policies = {queue: model.policy(queue) for queue in QUEUES}
+        return {q: (p.rate_limit_jobs, p.rate_limit_per_ms) for q, p in policies.items()}
+
+    def decided(
+        self,
+        before: dict[str, tuple[int | None, int | None]],
+        after: dict[str, tuple[int | None, int | None]],
+        decision: Decision,
+        seq: int,
+        state: State,
+        stats: Counter[str],
+    ) -> None:
+        """`decision` (logged at `seq`; `before` / `after`: the limits around it)."""
+        now = decision.time_ms
+        for queue, limit in after.items():
+            if before[queue] != limit:
+                self.changes.setdefault(queue, []).append(seq)
+        delivered: Counter[str] = Counter()
+        for ev in decision.events:
+            if type(ev) is JobReserved:
+                queue = state.jobs[ev.job_id].queue
+                self.deliveries.setdefault(queue, []).append((seq, now))
+                delivered[queue] += 1
+        for queue in delivered:
+            self.deliveries[queue] = [
+                (s, t) for s, t in self.deliveries[queue] if t > now - RATE_WINDOW_MS_MAX
+            ]
+            jobs, per_ms = after.get(queue, (None, None))
+            if jobs is None or per_ms is None:
+                continue
+            changed = self.changes.get(queue, [0])[-1]
+            window = sum(1 for s, t in self.deliveries[queue] if s > changed and t > now - per_ms)
+            stats["rate_limited_deliveries"] += delivered[queue]
+            stats["rate_limit_reached"] += window == jobs
+            if window > jobs:
+                raise Violation(
+                    f"queue {queue}: {window} deliveries in the {per_ms} ms up to {now}, "
+                    f"rate limit {jobs}"
+                )
+
+    def recovered(self, seq: int) -> None:
+        """The engine came back with records 1..seq: later ones never happened."""
+        for deliveries in self.deliveries.values():
+            while deliveries and deliveries[-1][0] > seq:
+                deliveries.pop()
+        for changes in self.changes.values():
+            while changes and changes[-1] > seq:
+                changes.pop()
+
+
+def in_flight_counts(state: State) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for job in state.jobs.values():
+        if job.status == CORE_IN_FLIGHT:
+            counts[job.queue] += 1
+    return counts
+
+
 # ---------------------------------------------------------------- the workload
 
 
@@ -330,9 +563,16 @@ class Workload:
             lease_ms = rng.choice((100, 600, 2_000))
             max_jobs = rng.choice((1, 1, 2, 3))
             worker = rng.choice((None, "w1", "w2"))
+            order = "fair" if rng.random() < 0.3 else "strict"  # issue 17's fair reserve
             return (
-                Reserve(queues=queues, lease_ms=lease_ms, max_jobs=max_jobs, worker_id=worker),
-                lambda m: m.reserve(queues, lease_ms, max_jobs, worker, now),
+                Reserve(
+                    queues=queues,
+                    lease_ms=lease_ms,
+                    max_jobs=max_jobs,
+                    worker_id=worker,
+                    order=order,
+                ),
+                lambda m: m.reserve(queues, lease_ms, max_jobs, worker, now, order),
             )
         in_flight = sorted(j.job_id for j in model.jobs.values() if j.status == IN_FLIGHT)
         if r < 0.78 and in_flight:
@@ -474,20 +714,26 @@ class Workload:
         )
 
     def schedule(self, now: int) -> tuple[Command, Any]:
-        """A schedule command of issue 17 (fixed intervals: the model's vocabulary)."""
+        """A schedule command of issue 17: fixed intervals, or crons of the model's
+        vocabulary (`refmodel.cron_period_ms`), now and then one that does not parse."""
         rng = self.rng
         name = rng.choice(("s1", "s2"))
         actor, role = "ann", rng.choice(("operator", "admin"))
         roll = rng.random()
         if roll < 0.5:
             queue = rng.choice(QUEUES)
-            every = rng.choice((1_000, 2_500))
+            every: int | None = rng.choice((1_000, 2_500))
+            cron: str | None = None
+            if rng.random() < 0.5:
+                every, cron = None, rng.choice(SIM_CRONS)
             catch_up = rng.choice(("none", "one", "all"))
             command = PutSchedule(
                 actor=actor, role=role, name=name, queue=queue, job_type="tick",
-                every_ms=every, catch_up=catch_up,
+                every_ms=every, cron=cron, catch_up=catch_up,
             )  # fmt: skip
-            return command, lambda m: m.put_schedule(name, queue, "tick", every, catch_up, now)
+            return command, lambda m: m.put_schedule(
+                name, queue, "tick", every, catch_up, now, cron=cron
+            )
         if roll < 0.85:
             pause = roll < 0.65
             cls = PauseSchedule if pause else ResumeSchedule
@@ -515,6 +761,11 @@ class Workload:
         ), lambda m: m.dead_letters_admin(ids, queue, cause, most, requeue, now)
 
 
+# The crons the simulation puts (issue 17): every one, two or three minutes (the
+# simulated clock runs a minute or two per seed, longer across the downtime of a
+# restart), and one that does not parse (refused by both).
+SIM_CRONS = ("* * * * *", "*/1 * * * *", "*/2 * * * *", "*/3 * * * *", "61 * * * *")
+
 # Runtime queue definitions the simulation puts (issue 15): valid ones (some
 # change delivery: lease cap, default priority and attempts, retry delay, depth),
 # the same again (changed=False), ones the configuration rules refuse against a
@@ -528,6 +779,12 @@ QUEUE_OVERRIDES: tuple[dict[str, int | str], ...] = (
     {"max_queue_depth": 3},
     {"default_max_attempts": 3},
     {"dedup_window_ms": 5},
+    {"max_in_flight": 1},
+    {"max_in_flight": 2, "max_lease_duration_ms": 900},
+    {"rate_limit_jobs": 2, "rate_limit_per_ms": 1_500},
+    {"rate_limit_jobs": 1, "rate_limit_per_ms": 300, "max_in_flight": 2},
+    {"rate_limit_jobs": 4},  # refused: jobs and per_ms are set together
+    {"weight": 3},
     {"no_such_setting": 1},
     {"default_priority": "high"},
 )
@@ -601,6 +858,8 @@ class Sim:
         self.result = SeedResult(seed)
         self.stats = self.result.stats
         self.power_lost_in_recovery = False
+        self.audit = ScheduleAudit()
+        self.rates = RateAudit()
         self.engine = self._open()
 
     # -- the process ---------------------------------------------------------
@@ -638,8 +897,31 @@ class Sim:
         for _ in range(commands):
             self.now = self.workload.advance(self.now)
             command, on_model = self.workload.command(model.live, self.now)
+            state = engine.state
+            schedules = ScheduleAudit.before(state) if state.schedules else {}
+            capped = any(model.live.policy(q).max_in_flight is not None for q in QUEUES)
+            leased = in_flight_counts(state) if capped else {}
+            limits = RateAudit.limits(model.live)
             decision, barrier = engine.execute(command, self.now)
             expected = on_model(model.live)
+            if type(decision) is Decision and decision.events:
+                self.rates.decided(
+                    limits, RateAudit.limits(model.live), decision, barrier, state, self.stats
+                )
+            if capped:
+                check_max_in_flight(
+                    model.live, leased, in_flight_counts(state), type(command).__name__, self.stats
+                )
+            if type(decision) is Decision and (schedules or type(command) is Sweep):
+                self.audit.decided(
+                    schedules,
+                    decision,
+                    barrier,
+                    self.now,
+                    self.config.sweep_limit,
+                    self.stats,
+                    sweep=type(command) is Sweep,
+                )
             self.result.operations += 1
             difference = answer_difference(normalise_answer(decision), expected)
             if difference is not None:
@@ -706,6 +988,9 @@ class Sim:
         if self.rng.random() < 0.15:
             self.crasher.arm_ops(self.rng.randrange(1, 5))
         self.power_lost_in_recovery = False
+        # The server is down a while: schedules come back behind (their catch-up),
+        # leases and delays lapse meanwhile.
+        self.now += self.rng.choice(RESTART_DOWNTIME_MS)
         self.engine = self._open()
         self.crasher.reset()
         if self.power_lost_in_recovery:
@@ -730,6 +1015,8 @@ class Sim:
         self.stats["truncated"] += engine.recovery_report.truncated is not None
         self.stats["cut_unsynced_hole"] += engine.recovery_report.unsynced_hole is not None
         self.model.recovered(seq)
+        self.audit.recovered(seq)
+        self.rates.recovered(seq)
         self.written_seq = self.synced_seq = seq
         try:
             check_invariants(engine.state)

@@ -46,8 +46,16 @@ def test_hundreds_of_simulated_seeds_hold_every_promise(seed: int) -> None:
         "died_at_wal.after_write",
         "power_loss_pages",
         "cut_unsynced_hole",
+        # Issue 17: schedules fired under each catch-up policy (ScheduleAudit),
+        # capped queues leased up to their max_in_flight (check_max_in_flight).
+        "schedule_ticks_fired_every_all",
+        "schedule_ticks_fired_every_one",
+        "schedule_ticks_fired_every_none",
+        "max_in_flight_reached",
     ):
         assert stats[counter] > 0, (counter, dict(stats))
+    cron_ticks = sum(v for k, v in stats.items() if k.startswith("schedule_ticks_fired_cron_"))
+    assert cron_ticks > 0, dict(stats)
 
 
 def test_the_same_seed_replays_the_same_run(seed: int) -> None:
