@@ -1,18 +1,22 @@
 """Cluster snapshots in the blob store (sepp/cluster/snapshots.py): the blob
 rebuilds the state and the chain tip; a damaged one is refused and the older one
 used; two are kept and the log purged below the older; a fresh node boots from
-the newest and tails the rest to the leader's state; a follower left behind a
-purge boots again from the snapshot."""
+the newest and tails the rest to the leader's state; a node restarted, or a
+running follower left behind, after its position was purged boots from the
+snapshot."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from sepp.cluster.logengine import LogApplier, catch_up, new_cluster_engine, state_hash
 from sepp.cluster.node import LEASE_TTL_MS, ROLE_FOLLOWER, ClusterNode, LocalServing
-from sepp.cluster.replog import MemoryBlobStore, MemoryLease, MemoryLog
+from sepp.cluster.replog import Entry, MemoryBlobStore, MemoryLease, MemoryLog
 from sepp.cluster.snapshots import (
     SnapshotBlobError,
     decode_snapshot_blob,
@@ -127,11 +131,11 @@ class SnapCluster:
         self.snapshot_every = snapshot_every
         self.nodes: list[ClusterNode] = []
 
-    def add(self, node_id: str) -> ClusterNode:
+    def add(self, node_id: str, log_: Any = None) -> ClusterNode:
         node = ClusterNode(
             node_id=node_id,
             address=f"127.0.0.1:{7100 + len(self.nodes)}",
-            log_=self.log,
+            log_=self.log if log_ is None else log_,
             lease=self.lease,
             config=BUSY,
             clock_ms=self.clock,
@@ -203,7 +207,7 @@ async def test_followers_snapshot_the_log_is_purged_and_a_new_node_boots_from_it
         await cluster.close()
 
 
-async def test_a_follower_left_behind_a_purge_boots_again_from_the_snapshot(
+async def test_a_node_restarted_after_a_purge_of_its_position_boots_from_the_snapshot(
     rng: random.Random,
 ) -> None:
     cluster = SnapCluster(snapshot_every=0)  # nobody snapshots on their own
@@ -227,6 +231,51 @@ async def test_a_follower_left_behind_a_purge_boots_again_from_the_snapshot(
         await settle()
 
         assert again.failure is None
+        assert len(await cluster.converged()) == 1
+    finally:
+        await cluster.close()
+
+
+class GatedLog:
+    """A node's handle on the shared log whose tail waits until `open` is set."""
+
+    def __init__(self, shared: MemoryLog) -> None:
+        self.shared = shared
+        self.open = asyncio.Event()
+
+    async def _gated(self, seq: int) -> AsyncIterator[Entry]:
+        await self.open.wait()
+        async for entry in self.shared.read_from(seq):
+            yield entry
+
+    def read_from(self, seq: int) -> AsyncIterator[Entry]:
+        return self._gated(seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shared, name)
+
+
+async def test_a_running_follower_left_behind_a_purge_boots_again_from_the_snapshot(
+    rng: random.Random,
+) -> None:
+    cluster = SnapCluster(snapshot_every=0)
+    try:
+        cluster.add("n1")
+        leader = await cluster.leader()
+        gated = GatedLog(cluster.log)
+        behind = cluster.add("n2", gated)  # booted (nothing to load), its tail held
+        await cluster.submit(rng, leader, 20)
+        applier = LogApplier(new_cluster_engine(BUSY))
+        for _ in range(2):
+            await catch_up(applier, cluster.log)
+            await publish_snapshot(cluster.blobs, cluster.log, blob_of(applier), applier.log_seq)
+            await cluster.submit(rng, leader, 10)
+        assert await cluster.log.first() > 1 and behind.log_seq == 0
+
+        gated.open.set()  # its tail asks for message 1: purged
+        await settle()
+
+        assert behind.failure is None and behind.snapshot_seq > 0
         assert len(await cluster.converged()) == 1
     finally:
         await cluster.close()
