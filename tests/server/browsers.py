@@ -309,7 +309,12 @@ class Bidi:
             if entry.get("type") == "console" and entry.get("text") == marker:
                 return errors
             if entry.get("level") == "error":
-                errors.append(ConsoleError(source=entry["type"], message=entry["text"]))
+                frames = (entry.get("stackTrace") or {}).get("callFrames") or []
+                where = ""
+                if frames:
+                    top = frames[0]
+                    where = f" (at {top['url']}:{top['lineNumber'] + 1}:{top['columnNumber'] + 1})"
+                errors.append(ConsoleError(source=entry["type"], message=entry["text"] + where))
 
 
 def _selenium_error(error: Exception) -> Exception:

@@ -174,18 +174,20 @@ function dashboard() {
   let windowS = Number(picker.value) / 1000;
 
   async function loadHistory() {
-    let response;
+    let body;
     try {
-      response = await fetch(`/console/history?window=${picker.value}`, { credentials: "same-origin" });
+      const response = await fetch(`/console/history?window=${picker.value}`, { credentials: "same-origin" });
+      if (!response.ok) return;
+      body = await response.text();
     } catch (_err) {
-      // Cut short: the page is navigating away (Firefox rejects the fetch with
-      // an AbortError, an uncaught one is a console error) or the server is
-      // down (the EventSource's handler shows it). The sparklines stay as they
-      // are and the live events draw on.
+      // Cut short, before the answer or while its body was read: the page is
+      // navigating away (Firefox rejects with an AbortError, an uncaught one is
+      // a console error) or the server is down (the EventSource's handler shows
+      // it). The sparklines stay as they are and the live events draw on. A
+      // body that is not JSON is the server's bug: parsed outside, it throws.
       return;
     }
-    if (!response.ok) return;
-    const data = await response.json();
+    const data = JSON.parse(body);
     windowS = Number(picker.value) / 1000;
     series.clear();
     for (const [name, values] of Object.entries(data.series)) {
