@@ -466,7 +466,8 @@ class RateAudit:
             jobs, per_ms = after.get(queue, (None, None))
             if jobs is None or per_ms is None:
                 continue
-            changed = self.changes.get(queue, [0])[-1]
+            changes = self.changes.get(queue)
+            changed = changes[-1] if changes else 0
             window = sum(1 for s, t in self.deliveries[queue] if s > changed and t > now - per_ms)
             stats["rate_limited_deliveries"] += delivered[queue]
             stats["rate_limit_reached"] += window == jobs
