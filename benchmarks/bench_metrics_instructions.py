@@ -24,14 +24,15 @@ one request in 8) and some per second (one /events snapshot and one /metrics
 render a second, whatever the load). Cachegrind slows the server 20-40 times, so
 a run under it spends 20-40 times more per-second work per job than a server at
 full speed: a plain ratio of totals would over-state the cost. So each variant
-runs four times -- idle for two lengths of time, and the lean load generator's
+runs four times a round (--repeat rounds, the variants alternating) -- idle
+for two lengths of time, and the lean load generator's
 enqueue-then-drain of two job counts (50 connections; a job is enqueue + reserve +
 ack) -- and the totals are fitted to
 
     instructions = start-up and shutdown + per_job x jobs + per_second x seconds
 
-(seconds: from the server listening to the stop signal; an exact solve of the
-four runs by least squares). The verdict is the cost per job of a server at a
+(seconds: from the server listening to the stop signal; least squares over
+every run of the variant). The verdict is the cost per job of a server at a
 given full-speed rate (--rate, jobs/s, the wall-clock benchmark's figure for
 this machine): per_job + per_second / rate, on beside off.
 """
@@ -161,6 +162,7 @@ def main() -> None:
         help="full-speed job rates (jobs/s) to state the verdict at",
     )
     parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of the four runs per variant")
     parser.add_argument(
         "--server-env",
         action="append",
@@ -180,39 +182,51 @@ def main() -> None:
     print(
         f"command: python -m benchmarks.bench_metrics_instructions --jobs {small} {large} "
         f"--hold {short:g} {long:g} --rate {' '.join(f'{r:g}' for r in args.rate)} "
-        f"--connections {args.connections}"
+        f"--connections {args.connections} --repeat {args.repeat}"
         + "".join(f" --server-env {item}" for item in args.server_env)
+        + (" --control (both variants metrics off)" if args.control else "")
     )
     out_dir = tempfile.mkdtemp(prefix="sepp-bench-ir-out-")
     plan = [(0, short), (0, long), (small, 0.0), (large, 0.0)]
-    fits: dict[bool, tuple[float, float, float]] = {}
+    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     try:
-        for metrics_on in (False, True):
-            runs = []
-            for jobs, hold_s in plan:
-                result = counted_run(
-                    metrics_on, jobs, hold_s, args.connections, out_dir, server_env
-                )
-                runs.append(result)
-                seen = result.get("observer")
-                print(
-                    f"  metrics {'on ' if metrics_on else 'off'} {jobs:>7,} jobs, "
-                    f"{result['seconds']:5.1f} s serving: {result['ir']:,} instructions"
-                    + (f" (events {seen['events']}, scrapes {seen['scrapes']})" if seen else ""),
-                    flush=True,
-                )
-            fits[metrics_on] = fit(runs)
-            fixed, per_job, per_second = fits[metrics_on]
-            worst = max(
-                abs(fixed + per_job * r["jobs"] + per_second * r["seconds"] - r["ir"]) / r["ir"]
-                for r in runs
-            )
-            print(f"    fit: largest residual {worst * 100:.2f}% of a run's total", flush=True)
+        for rep in range(args.repeat):
+            # Alternate the order so a drift of the machine meets both variants.
+            for metrics_on in (False, True) if rep % 2 == 0 else (True, False):
+                for jobs, hold_s in plan:
+                    result = counted_run(
+                        metrics_on and not args.control,
+                        jobs,
+                        hold_s,
+                        args.connections,
+                        out_dir,
+                        server_env,
+                    )
+                    runs[metrics_on].append(result)
+                    seen = result.get("observer")
+                    print(
+                        f"  round {rep + 1} metrics {'on ' if metrics_on else 'off'} "
+                        f"{jobs:>7,} jobs, {result['seconds']:5.1f} s serving: "
+                        f"{result['ir']:,} instructions"
+                        + (
+                            f" (events {seen['events']}, scrapes {seen['scrapes']})" if seen else ""
+                        ),
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+    fits = {metrics_on: fit(variant_runs) for metrics_on, variant_runs in runs.items()}
     rows = []
     for metrics_on in (False, True):
         fixed, per_job, per_second = fits[metrics_on]
+        worst = max(
+            abs(fixed + per_job * r["jobs"] + per_second * r["seconds"] - r["ir"]) / r["ir"]
+            for r in runs[metrics_on]
+        )
+        print(
+            f"metrics {'on' if metrics_on else 'off'}: the fit's largest residual is "
+            f"{worst * 100:.2f}% of a run's total"
+        )
         rows.append(
             [
                 "on" if metrics_on else "off",
