@@ -415,6 +415,10 @@ class SeppService:
             self.engine.state.reconfigure(core_config)
             if previous_schedules != config.schedules:
                 self.sync_config_schedules(previous_schedules)
+            # A raised max_in_flight or a looser rate limit may let parked
+            # reserves have jobs now, and nothing else would wake them: every
+            # queue with a parked reserve is tried once (reloads are rare).
+            self._wake(frozenset(self._parked))
 
     def open(
         self, engine: Engine, pipeline: CommitPipeline, loop: asyncio.AbstractEventLoop

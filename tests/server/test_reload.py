@@ -24,6 +24,7 @@ from sepp.server.service import LOCAL_ADMIN
 from tests.conftest import ServerProcess
 from tests.inprocess import address_of, in_process
 from tests.server.conftest import RawClient, connect, job, payload, wait_until
+from tests.server.test_long_poll import jobs_of, park
 
 pytestmark = pytest.mark.usefixtures("in_process_env")
 
@@ -464,3 +465,21 @@ async def test_readyz_is_503_recovering_while_recovery_runs_then_200_and_a_sighu
     finally:
         started.join(60)
         server.kill()
+
+
+async def test_a_reload_that_raises_a_queues_limits_serves_its_parked_long_poll(tmp_path: Path):
+    path = tmp_path / "sepp.toml"
+    limited = '[[queues]]\nname = "q"\nrate_limit = { jobs = 1, per_ms = 86400000 }\n'
+    write_config(path, limited)
+    async with in_process(in_process_config_from(path)) as server:
+        address = address_of(server)
+        worker = await connect(address)
+        await worker.enqueue_ids(job("q"), job("q"))
+        assert len(await worker.reserve(["q"], max_jobs=2)) == 1  # the day's one delivery
+        other = await connect(address)
+        waiting = await park(other, ["q"], wait_ms=60_000)
+        # Nothing but the reload happens: the window would free only in a day.
+        write_config(path, '[[queues]]\nname = "q"\nrate_limit = { jobs = 5, per_ms = 86400000 }\n')
+        assert in_process_reloader(server, path).reload()
+        (served,) = await jobs_of(other, waiting)
+        assert served["queue"] == "q"
