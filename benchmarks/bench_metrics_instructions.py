@@ -164,6 +164,11 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=2, help="rounds of the four runs per variant")
     parser.add_argument(
+        "--control",
+        action="store_true",
+        help="run metrics off as both variants: the difference shows the method's noise",
+    )
+    parser.add_argument(
         "--server-env",
         action="append",
         default=[],
