@@ -160,16 +160,24 @@ def check_batch(message: bytes | memoryview, tip: ChainTip) -> BatchCheck:
     | --- | --- |
     | a CRC that does not match its body | bad_checksum |
     | a body that is not a version-1 batch | malformed |
+    | an epoch below tip.epoch (whatever its chain) | epoch_backwards |
     | prev_hash other than tip.hash | broken_chain |
     | first_seq other than tip.next_seq | seq_gap |
-    | an epoch below tip.epoch | epoch_backwards |
     | a time below tip.time_ms | time_backwards |
     | otherwise | ok |
+
+    `epoch_backwards` is checked before the chain: a deposed leader's pipelined
+    append that landed on its successor's batch chains onto its own lost batch,
+    and readers skip it (sepp/cluster/logengine.py).
     """
     try:
         batch = decode_batch(message)
     except BatchError as exc:
         return BatchCheck(exc.status, exc.reason)
+    if batch.epoch < tip.epoch:
+        return BatchCheck(
+            BATCH_EPOCH_BACKWARDS, f"epoch {batch.epoch} after epoch {tip.epoch}", batch
+        )
     if batch.prev_hash != tip.hash:
         return BatchCheck(
             BATCH_BROKEN_CHAIN,
@@ -181,10 +189,6 @@ def check_batch(message: bytes | memoryview, tip: ChainTip) -> BatchCheck:
             BATCH_SEQ_GAP,
             f"batch starts at record seq {batch.first_seq}, expected {tip.next_seq}",
             batch,
-        )
-    if batch.epoch < tip.epoch:
-        return BatchCheck(
-            BATCH_EPOCH_BACKWARDS, f"epoch {batch.epoch} after epoch {tip.epoch}", batch
         )
     if batch.time_ms < tip.time_ms:
         return BatchCheck(

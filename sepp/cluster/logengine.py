@@ -19,10 +19,14 @@ Promises:
   found at the expected sequence counts as appended; the tail still at the
   expected sequence means it was not, and the append is tried again; anything
   else is a refusal.
+- Up to `in_flight` appends are outstanding; replies are released only for
+  acknowledged appends, in log order (LogCommitter).
 - A follower applies only batches that pass `check_batch` (CRC, chain,
-  record seq continuity, epoch and time never backwards) and whose records all
-  replay; anything else raises `LogMismatch` naming the log sequence, and the
-  node must stop: it never skips a batch.
+  record seq continuity, time never backwards) and whose records all replay;
+  anything else raises `LogMismatch` naming the log sequence, and the node must
+  stop. The one batch it skips (every reader alike) is one whose epoch is below
+  the last applied batch's (`epoch_backwards`): a deposed leader's pipelined
+  append that landed after its successor's batch, never acknowledged to anyone.
 
 Must not import: sepp.server, sockets.
 """
@@ -30,15 +34,17 @@ Must not import: sepp.server, sockets.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import logging
 import struct
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from log_format import RECORD_HEADER_BYTES, Corruption, Record, TornTail, scan_records
-from sepp.cluster.batch import ChainTip, check_batch, encode_batch
+from sepp.cluster.batch import BATCH_EPOCH_BACKWARDS, ChainTip, check_batch, encode_batch
 from sepp.cluster.replog import AppendOutcomeUnknown, AppendRefused, Entry, ReplicatedLog
 from sepp.core.config import CoreConfig
 from sepp.core.state import State
@@ -59,6 +65,12 @@ BATCH_BYTES_MAX = 1024 * 1024 - 1024
 # up (each read after RESOLVE_PAUSE_S).
 RESOLVE_ATTEMPTS = 20
 RESOLVE_PAUSE_S = 0.1
+# A leader's appends outstanding at once ([cluster] appends_in_flight), at most
+# APPENDS_IN_FLIGHT_MAX; after its leader-change record a leader appends one at a
+# time for PIPELINE_WARMUP appends (LogCommitter's docstring says why).
+APPENDS_IN_FLIGHT = 4
+APPENDS_IN_FLIGHT_MAX = 16
+PIPELINE_WARMUP = APPENDS_IN_FLIGHT_MAX + 1
 
 _RECORD_LEN = struct.Struct("<I")
 
@@ -185,14 +197,21 @@ class LogApplier:
     def __init__(self, engine: Engine, *, tip: ChainTip | None = None, log_seq: int = 0) -> None:
         self.engine = engine
         self.tip = tip or ChainTip()
-        # The last log sequence applied (the next append expects it).
+        # The last log sequence applied or skipped (the next append expects it).
         self.log_seq = log_seq
+        self.skipped = 0
 
     def apply(self, entry: Entry) -> None:
         """Check and apply one message. Raises LogMismatch."""
         if entry.seq != self.log_seq + 1:
             raise LogMismatch(entry.seq, f"expected log message {self.log_seq + 1}")
         check = check_batch(entry.data, self.tip)
+        if check.status == BATCH_EPOCH_BACKWARDS:
+            # A deposed leader's late pipelined append (module docstring).
+            log.warning("log message %d skipped: %s", entry.seq, check.reason)
+            self.skipped += 1
+            self.log_seq = entry.seq
+            return
         if not check.ok or check.batch is None:
             raise LogMismatch(entry.seq, f"batch {check.status}: {check.reason}")
         batch = check.batch
@@ -244,11 +263,47 @@ async def catch_up(applier: LogApplier, log_: ReplicatedLog, *, until: int | Non
     return applier.log_seq
 
 
+@dataclass(slots=True)
+class _Append:
+    """One batch on its way to the log: the sequence it expects (its
+    predecessor's), its last record, and the chain after it."""
+
+    message: bytes
+    expected: int
+    last_record: int
+    tip: ChainTip
+    task: asyncio.Task[int] | None = None
+
+
 class LogCommitter:
     """The leader's group commit: whenever records are buffered, append them to
     the replicated log as one batch (split at `BATCH_BYTES_MAX`), expecting the
     last sequence this node applied or appended; on its acknowledgement the
-    records are durable (`engine.synced`). One append in flight at a time.
+    records are durable (`engine.synced`).
+
+    Up to `in_flight` appends are outstanding at once, each expecting the
+    sequence its predecessor will get. Replies are released only for
+    acknowledged appends, in log order. When the oldest outstanding append fails,
+    every append behind it is waited for, then: a refusal stops the committer
+    (`NotLeader`, nothing of it appended); an unknown outcome is resolved in
+    order by reading the tail (never guessed), each later append counted only
+    once the one before it is known to be ours.
+
+    Why pipelining is safe with a fence on the sequence only: an append k + 1
+    sent behind an append k that is refused (another leader appended at k) may
+    land on top of that leader's message. Such a batch is never acknowledged to
+    anyone here (k was not), and every reader skips it: its epoch is below the
+    other leader's (`BATCH_EPOCH_BACKWARDS`, FORMAT.md "Cluster batch"). The
+    mirror case, this leader's batch landing on a deposed leader's late append,
+    could break the chain (same epoch, wrong prev_hash); it cannot happen because
+    a new leader appends one at a time for its first `PIPELINE_WARMUP` appends
+    (its leader-change record at sequence c, then `APPENDS_IN_FLIGHT_MAX` more),
+    and a deposed leader's appends all expect sequences below c +
+    `APPENDS_IN_FLIGHT_MAX` - 1: it appended nothing past c - 1 that the new
+    leader did not apply, and has at most that many outstanding. (JetStream's `Nats-Expected-Last-Msg-Id` would fence
+    on the predecessor's identity instead, but on a replicated stream a mismatch
+    is a "critical write error" that halts the stream on every server:
+    nats-server 2.15.1, measured.)
 
     The face of `GroupCommitter` (start / wake / stop; `on_durable(seq)` and
     `on_failure(exc)` called on the loop thread), so `CommitPipeline` can run it."""
@@ -265,21 +320,38 @@ class LogCommitter:
         on_failure: Callable[[BaseException], object],
         max_bytes: int = BATCH_BYTES_MAX,
         resolve_pause_s: float = RESOLVE_PAUSE_S,
+        in_flight: int = APPENDS_IN_FLIGHT,
+        pipeline_warmup: int = PIPELINE_WARMUP,
     ) -> None:
+        if not 1 <= in_flight <= APPENDS_IN_FLIGHT_MAX:
+            raise ValueError(f"in_flight must be 1..{APPENDS_IN_FLIGHT_MAX}, not {in_flight}")
         self.engine = engine
         self.log = log_
         self.epoch = epoch
+        # What was acknowledged: the chain after the last acknowledged batch, and
+        # the last log sequence this node applied or appended.
         self.tip = tip
         self.log_seq = log_seq
         self.on_durable = on_durable
         self.on_failure = on_failure
         self.max_bytes = max_bytes
         self.resolve_pause_s = resolve_pause_s
+        self.in_flight = in_flight
+        # Appends one at a time until the log is past this sequence (the class
+        # docstring): the first append is this epoch's leader-change record.
+        self.pipeline_from = log_seq + pipeline_warmup
         self.failure: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stopping = False
+        # Encoded: the chain and log sequence after the last batch taken.
+        self._taken_tip = tip
+        self._taken_seq = log_seq
+        self._window: collections.deque[_Append] = collections.deque()
+        self._unsent: collections.deque[_Append] = collections.deque()
         self.appends = 0
+        # The most appends ever outstanding at once (tests, benchmarks).
+        self.max_outstanding = 0
 
     def bind(
         self, on_durable: Callable[[int], object], on_failure: Callable[[BaseException], object]
@@ -312,53 +384,165 @@ class LogCommitter:
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
+        self._abandon()
+
+    def _abandon(self) -> None:
+        for item in self._window:
+            if item.task is not None:
+                item.task.cancel()
+        self._window.clear()
+        self._unsent.clear()
 
     async def _run(self) -> None:
-        engine = self.engine
-        while True:
-            if not engine.has_pending():
-                if self._stopping:
+        try:
+            while True:
+                # Cleared first: whatever happens after this (an answer, a wake)
+                # sets it again, so nothing is missed.
+                self._wake.clear()
+                await self._settle()
+                self._fill()
+                if not self._window and self._stopping and not self.engine.has_pending():
                     return
                 await self._wake.wait()
-                self._wake.clear()
-                continue
-            try:
-                await self.commit_once()
-            except StorageFailed as exc:
-                self.failure = exc
-                self.on_failure(exc)
-                return
+        except StorageFailed as exc:
+            self.failure = exc
+            self._abandon()
+            self.on_failure(exc)
+        finally:
+            self._abandon()
 
     async def commit_once(self) -> int | None:
-        """Append everything buffered; returns the new durable seq (None: nothing
-        was buffered). Raises NotLeader (and the engine fails)."""
-        engine = self.engine
-        taken = engine.take_pending()
+        """Append everything buffered and wait until it is acknowledged; returns
+        its last record seq (None: nothing was buffered). Raises NotLeader (and
+        the engine fails). Not while the committer runs (`start`)."""
+        last = self._take()
+        while self._window or self._unsent:
+            self._fill(take=False)
+            head = self._window[0].task
+            assert head is not None
+            await asyncio.wait([head])
+            await self._settle()
+        return last
+
+    # -- the window ------------------------------------------------------------
+
+    def _take(self) -> int | None:
+        """Encode everything buffered as batches (after the last one taken);
+        returns its last record seq."""
+        taken = self.engine.take_pending()
         if taken is None:
             return None
         records, first_seq, last_seq, time_ms = taken
         for chunk, first, last in split_records(records, first_seq, last_seq, self.max_bytes):
+            tip = self._taken_tip
+            batch_time = max(time_ms, tip.time_ms)
             message, digest = encode_batch(
                 epoch=self.epoch,
                 first_seq=first,
                 last_seq=last,
-                time_ms=max(time_ms, self.tip.time_ms),
-                prev_hash=self.tip.hash,
+                time_ms=batch_time,
+                prev_hash=tip.hash,
                 records=chunk,
             )
-            await self._append(message, last)
-            self.tip = ChainTip(digest, last + 1, self.epoch, max(time_ms, self.tip.time_ms))
-            self.log_seq += 1
-            self.appends += 1
-            # Durable chunk by chunk: a later chunk's refusal must not hide it.
-            engine.synced(last)
-            self.on_durable(last)
+            self._taken_tip = ChainTip(digest, last + 1, self.epoch, batch_time)
+            self._unsent.append(_Append(message, self._taken_seq, last, self._taken_tip))
+            self._taken_seq += 1
         return last_seq
 
-    async def _append(self, message: bytes, last_record: int) -> None:
-        expected = self.log_seq
-        outcome_unknown = False
+    def _limit(self) -> int:
+        return self.in_flight if self.log_seq >= self.pipeline_from else 1
+
+    def _fill(self, *, take: bool = True) -> None:
+        """Send batches while the window has room (taking what is buffered)."""
+        while len(self._window) < self._limit():
+            if not self._unsent and (not take or self._take() is None):
+                return
+            item = self._unsent.popleft()
+            item.task = asyncio.ensure_future(self.log.append_if(item.expected, item.message))
+            item.task.add_done_callback(self._answered)
+            self._window.append(item)
+            self.max_outstanding = max(self.max_outstanding, len(self._window))
+
+    def _answered(self, task: asyncio.Task[int]) -> None:
+        self._wake.set()
+
+    def _acknowledged(self, item: _Append) -> None:
+        self.tip = item.tip
+        self.log_seq = item.expected + 1
+        self.appends += 1
+        # Durable batch by batch: a later batch's refusal must not hide it.
+        self.engine.synced(item.last_record)
+        self.on_durable(item.last_record)
+
+    async def _settle(self) -> None:
+        """Count the answered appends at the head of the window, in order."""
+        window = self._window
+        while window:
+            head = window[0]
+            assert head.task is not None
+            if not head.task.done():
+                return
+            if not head.task.cancelled() and head.task.exception() is None:
+                window.popleft()
+                self._acknowledged(head)
+                continue
+            await self._recover()
+            return
+
+    async def _recover(self) -> None:
+        """The oldest outstanding append failed: wait for those behind it, then
+        settle them in order (reading the tail where an outcome is unknown)."""
+        items = list(self._window)
+        self._window.clear()
+        await asyncio.wait([item.task for item in items if item.task is not None])
+        head = items[0]
+        error = _failure(head)
+        if isinstance(error, AppendRefused):
+            # A first try refused: nothing of it was appended, and each append
+            # behind it expected it to be there: none of theirs counts.
+            self._unsent.clear()
+            raise self._lost(
+                f"append after log message {head.expected} refused "
+                f"(record seq {head.last_record}): {error}",
+                outcome_unknown=False,
+            ) from error
+        if not isinstance(error, AppendOutcomeUnknown):
+            self._unsent.clear()
+            raise self._lost(
+                f"append after log message {head.expected} failed: {error!r}",
+                outcome_unknown=True,
+            ) from error
+        log.warning("append after log message %d: outcome unknown (%s)", head.expected, error)
+        for item in items:
+            if _failure(item) is not None:
+                # Its predecessor is ours now: this one was either appended on
+                # top of it, or not at all (then it is tried again).
+                await self._append(item.expected, item.message, item.last_record, landed=True)
+            self._acknowledged(item)
+
+    async def _append(
+        self, expected: int, message: bytes, last_record: int, *, landed: bool = False
+    ) -> None:
+        """Append one batch, resolving an unknown outcome by reading the tail.
+        `landed`: an earlier try may have appended it."""
+        outcome_unknown = landed
         for _ in range(RESOLVE_ATTEMPTS):
+            if outcome_unknown:
+                # Resolve by reading the tail, never guess.
+                try:
+                    if await self._landed(expected, message):
+                        return
+                    tail = await self.log.last()
+                except Exception as exc:  # the backend's read failed too: try again
+                    log.warning("reading the log's tail failed: %s", exc)
+                    await asyncio.sleep(self.resolve_pause_s)
+                    continue
+                if tail != expected:
+                    raise self._lost(
+                        f"another writer appended after log message {expected}",
+                        outcome_unknown=False,
+                    )
+                # Not there, nothing else there either: try the same append again.
             try:
                 await self.log.append_if(expected, message)
                 return
@@ -374,21 +558,6 @@ class LogCommitter:
             except AppendOutcomeUnknown as exc:
                 outcome_unknown = True
                 log.warning("append after log message %d: outcome unknown (%s)", expected, exc)
-            # Resolve by reading the tail, never guess.
-            try:
-                landed = await self._landed(expected, message)
-            except Exception as exc:  # the backend's read failed too: try again
-                log.warning("reading the log's tail failed: %s", exc)
-                await asyncio.sleep(self.resolve_pause_s)
-                continue
-            if landed:
-                return
-            if await self.log.last() != expected:
-                raise self._lost(
-                    f"another writer appended after log message {expected}",
-                    outcome_unknown=False,
-                )
-            # Not there, nothing else there either: try the same append again.
         raise self._lost(
             f"the outcome of the append after log message {expected} stayed unknown",
             outcome_unknown=True,
@@ -402,3 +571,11 @@ class LogCommitter:
         error = NotLeader(message, outcome_unknown=outcome_unknown)
         self.engine.sync_failed(error)
         return error
+
+
+def _failure(item: _Append) -> BaseException | None:
+    task = item.task
+    assert task is not None and task.done()
+    if task.cancelled():
+        return AppendOutcomeUnknown("the append was cancelled")
+    return task.exception()

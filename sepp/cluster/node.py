@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from sepp.cluster.logengine import (
+    APPENDS_IN_FLIGHT,
     LogApplier,
     LogCommitter,
     LogMismatch,
@@ -111,6 +112,7 @@ class ClusterNode:
         on_role: Callable[[ClusterNode], None] | None = None,
         blobs: BlobStore | None = None,
         snapshot_every: int = 0,
+        appends_in_flight: int = APPENDS_IN_FLIGHT,
     ) -> None:
         self.node_id = node_id
         self.address = address
@@ -127,6 +129,8 @@ class ClusterNode:
         self.blobs = blobs
         self.snapshot_every = snapshot_every
         self.snapshot_seq = 0  # the log message the newest snapshot known covers
+        # The leader's appends outstanding at once (LogCommitter).
+        self.appends_in_flight = appends_in_flight
         self.serving: Serving = serving or LocalServing()
         self._on_role = on_role
         self.role = ROLE_FOLLOWER
@@ -342,6 +346,7 @@ class ClusterNode:
             log_seq=applier.log_seq,
             on_durable=lambda seq: None,
             on_failure=lambda exc: None,
+            in_flight=self.appends_in_flight,
         )
         decision, _ = self.engine.execute(
             ChangeLeader(epoch=epoch, node_id=self.node_id, address=self.address),

@@ -105,6 +105,7 @@ class ClusterMode:
             on_role=self._role_changed,
             blobs=backend.blobs,
             snapshot_every=settings.snapshot_every_messages,
+            appends_in_flight=settings.appends_in_flight,
         )
 
     def info(self) -> dict[str, Any]:

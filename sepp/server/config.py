@@ -58,6 +58,7 @@ class ClusterSettings:
     lease_ttl_ms: int
     lease_renew_ms: int
     snapshot_every_messages: int = 10_000
+    appends_in_flight: int = 4
 
 
 @dataclass(frozen=True)
@@ -321,6 +322,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "(the two newest kept, the log purged below the older); 0 = never",
             0,
         ),
+        "appends_in_flight": Key(
+            "int",
+            4,
+            "the leader's appends to the log outstanding at once, each expecting the one "
+            "before it (1..16; 1 = one group commit at a time)",
+            1,
+        ),
     },
     "logging": {
         "level": Key(
@@ -474,6 +482,12 @@ class ServerConfig:
         host, port = self.listen
         advertise = c["advertise_addr"] or f"{host}:{port}"
         parse_listen(advertise, "cluster.advertise_addr")
+        from sepp.cluster.logengine import APPENDS_IN_FLIGHT_MAX
+
+        if c["appends_in_flight"] > APPENDS_IN_FLIGHT_MAX:
+            raise ConfigError(
+                "cluster.appends_in_flight", f"must be at most {APPENDS_IN_FLIGHT_MAX}"
+            )
         return ClusterSettings(
             nats_urls=[u.strip() for u in c["nats_urls"].split(",") if u.strip()],
             monitor_urls=[u.strip() for u in (c["monitor_urls"] or "").split(",") if u.strip()],
@@ -482,6 +496,7 @@ class ServerConfig:
             lease_ttl_ms=c["lease_ttl_ms"],
             lease_renew_ms=c["lease_renew_ms"],
             snapshot_every_messages=c["snapshot_every_messages"],
+            appends_in_flight=c["appends_in_flight"],
         )
 
     def storage_options(self) -> StorageOptions:

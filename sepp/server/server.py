@@ -497,6 +497,7 @@ class SeppServer:
                 lease_ttl_ms=self.config.get("cluster", "lease_ttl_ms"),
                 lease_renew_ms=self.config.get("cluster", "lease_renew_ms"),
                 snapshot_every_messages=self.config.get("cluster", "snapshot_every_messages"),
+                appends_in_flight=self.config.get("cluster", "appends_in_flight"),
             )
         backend = self._cluster_backend
         if backend is None:
