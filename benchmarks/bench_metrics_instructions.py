@@ -21,20 +21,26 @@ the request counters are not kept at all.
 
 The metrics cost two things: some instructions per request (counting, timing
 one request in 8) and some per second (one /events snapshot and one /metrics
-render a second, whatever the load). Cachegrind slows the server 20-40 times, so
-a run under it spends 20-40 times more per-second work per job than a server at
-full speed: a plain ratio of totals would over-state the cost. So each variant
-runs four times a round (--repeat rounds, the variants alternating) -- idle
-for two lengths of time, and the lean load generator's
-enqueue-then-drain of two job counts (50 connections; a job is enqueue + reserve +
-ack) -- and the totals are fitted to
+render a second, and the periodic GC refreeze sweeping the admin listener's
+objects too). Cachegrind slows the server 20-40 times, so a run under it spends
+20-40 times more per-second work per job than a server at full speed, and run
+lengths differ by tens of seconds on a shared machine: a plain ratio of totals
+would mostly measure that. So each round runs every variant six times:
 
-    instructions = start-up and shutdown + per_job x jobs + per_second x seconds
+- four on a server whose GC refreeze is stretched past the run
+  (benchmarks/serve_stretched.py: under load its sweep costs what the heap of
+  jobs in flight costs, so it would tie the per-job figure to the run's length):
+  idle for two lengths of time, and the lean load generator's enqueue-then-drain
+  of two job counts (50 connections; a job is enqueue + reserve + ack), fitted to
+      instructions = start-up and shutdown + per_job x jobs + per_second x seconds
+  (seconds: from the server listening to the stop signal; least squares);
+- two on the ordinary server, idle for the two lengths: their slope is what a
+  second of an idle server costs, refreeze and observer included.
 
-(seconds: from the server listening to the stop signal; least squares over
-every run of the variant). The verdict is the cost per job of a server at a
-given full-speed rate (--rate, jobs/s, the wall-clock benchmark's figure for
-this machine): per_job + per_second / rate, on beside off.
+The verdict is the cost per job of a server at a given full-speed rate (--rate,
+jobs/s, the wall-clock benchmark's figure for this machine): per_job + (a second
+of the ordinary idle server) / rate, on beside off. `--control` runs metrics off
+as both variants, to show what the method itself moves.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from typing import Any
 
 from benchmarks.bench_e2e import loadgen
 from benchmarks.bench_metrics_overhead import PHASES, Observer
-from benchmarks.common import ServeProcess, machine_line, print_table
+from benchmarks.common import ServeProcess, machine_line, median, print_table
 
 SUMMARY = re.compile(rb"^summary:\s+(\d+)", re.MULTILINE)
 
@@ -63,9 +69,11 @@ def counted_run(
     connections: int,
     out_dir: str,
     server_env: dict[str, str],
+    stretched: bool,
 ) -> dict[str, Any]:
     """One server under cachegrind: `jobs` through the load generator (if any),
-    then `hold_s` idle. Returns its instruction count and how long it served."""
+    then `hold_s` idle. Returns its instruction count and how long it served.
+    `stretched`: the server's periodic GC refreeze does not run (serve_stretched)."""
     out_file = os.path.join(out_dir, f"cg-{time.time_ns()}")
     env = dict(os.environ)
     env["SEPP_STORAGE__SNAPSHOT_EVERY_BYTES"] = "0"
@@ -88,10 +96,11 @@ def counted_run(
         wait_for_admin=metrics_on,
         stop_timeout_s=600.0,
         prefix=prefix,
+        module=("benchmarks.serve_stretched", "86400") if stretched else ("sepp.server.cli",),
     )
     serving_since = time.perf_counter()
     observer = Observer(server.admin) if server.admin is not None else None
-    result: dict[str, Any] = {"jobs": jobs}
+    result: dict[str, Any] = {"jobs": jobs, "stretched": stretched}
     try:
         if jobs:
             result.update(
@@ -162,7 +171,7 @@ def main() -> None:
         help="full-speed job rates (jobs/s) to state the verdict at",
     )
     parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=2, help="rounds of the four runs per variant")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the six runs per variant")
     parser.add_argument(
         "--control",
         action="store_true",
@@ -192,13 +201,23 @@ def main() -> None:
         + (" --control (both variants metrics off)" if args.control else "")
     )
     out_dir = tempfile.mkdtemp(prefix="sepp-bench-ir-out-")
-    plan = [(0, short), (0, long), (small, 0.0), (large, 0.0)]
+    # (jobs, idle seconds, refreeze stretched): the stretched runs give the cost
+    # per job and per second without the refreeze; the ordinary idle runs price
+    # a second of an idle server with it (and with the observer, when on).
+    plan = [
+        (0, short, True),
+        (0, long, True),
+        (small, 0.0, True),
+        (large, 0.0, True),
+        (0, short, False),
+        (0, long, False),
+    ]
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     try:
         for rep in range(args.repeat):
             # Alternate the order so a drift of the machine meets both variants.
             for metrics_on in (False, True) if rep % 2 == 0 else (True, False):
-                for jobs, hold_s in plan:
+                for jobs, hold_s, stretched in plan:
                     result = counted_run(
                         metrics_on and not args.control,
                         jobs,
@@ -206,11 +225,13 @@ def main() -> None:
                         args.connections,
                         out_dir,
                         server_env,
+                        stretched,
                     )
                     runs[metrics_on].append(result)
                     seen = result.get("observer")
                     print(
                         f"  round {rep + 1} metrics {'on ' if metrics_on else 'off'} "
+                        f"{'refreeze stretched' if stretched else 'ordinary server  '} "
                         f"{jobs:>7,} jobs, {result['seconds']:5.1f} s serving: "
                         f"{result['ir']:,} instructions"
                         + (
@@ -220,31 +241,43 @@ def main() -> None:
                     )
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
-    fits = {metrics_on: fit(variant_runs) for metrics_on, variant_runs in runs.items()}
-    rows = []
-    for metrics_on in (False, True):
-        fixed, per_job, per_second = fits[metrics_on]
+    fits: dict[bool, tuple[float, float, float]] = {}
+    idle_per_second: dict[bool, float] = {}
+    for metrics_on, variant_runs in runs.items():
+        stretched_runs = [r for r in variant_runs if r["stretched"]]
+        fits[metrics_on] = fixed, per_job, per_second = fit(stretched_runs)
         worst = max(
             abs(fixed + per_job * r["jobs"] + per_second * r["seconds"] - r["ir"]) / r["ir"]
-            for r in runs[metrics_on]
+            for r in stretched_runs
         )
         print(
             f"metrics {'on' if metrics_on else 'off'}: the fit's largest residual is "
             f"{worst * 100:.2f}% of a run's total"
         )
+        # A second of the ordinary idle server: the slope between its two lengths.
+        ordinary = [r for r in variant_runs if not r["stretched"]]
+        shorts = [r for r in ordinary if r["seconds"] < (short + long) / 2]
+        longs = [r for r in ordinary if r["seconds"] >= (short + long) / 2]
+        idle_per_second[metrics_on] = (
+            median([r["ir"] for r in longs]) - median([r["ir"] for r in shorts])
+        ) / (median([r["seconds"] for r in longs]) - median([r["seconds"] for r in shorts]))
+    rows = []
+    for metrics_on in (False, True):
+        fixed, per_job, per_second = fits[metrics_on]
         rows.append(
             [
                 "on" if metrics_on else "off",
                 f"{fixed:,.0f}",
                 f"{per_job:,.0f}",
                 f"{per_second:,.0f}",
+                f"{idle_per_second[metrics_on]:,.0f}",
             ]
-            + [f"{per_job + per_second / rate:,.0f}" for rate in args.rate]
+            + [f"{per_job + idle_per_second[metrics_on] / rate:,.0f}" for rate in args.rate]
         )
-    diff_row = ["difference on - off", "", "", ""]
+    diff_row = ["difference on - off", "", "", "", ""]
     for rate in args.rate:
-        on = fits[True][1] + fits[True][2] / rate
-        off = fits[False][1] + fits[False][2] / rate
+        on = fits[True][1] + idle_per_second[True] / rate
+        off = fits[False][1] + idle_per_second[False] / rate
         diff_row.append(f"{(on - off) / off * 100:+.2f}%")
     rows.append(diff_row)
     print(
@@ -253,7 +286,13 @@ def main() -> None:
     )
     print("on = admin listener on, one /events stream open, /metrics scraped every second")
     print_table(
-        ["metrics", "start-up + shutdown", "per job", "per second"]
+        [
+            "metrics",
+            "start-up + shutdown",
+            "per job",
+            "per second (no refreeze)",
+            "per second idle (ordinary)",
+        ]
         + [f"per job at {rate:,.0f} jobs/s" for rate in args.rate],
         rows,
     )

@@ -135,7 +135,8 @@ def taskset(core: str | None) -> list[str]:
 class ServeProcess:
     """`sepp serve --listen 127.0.0.1:0` in a child process; its ports read from the lines
     it prints first (`sepp listening on`, `sepp admin on`, `sepp grpc on`). `prefix` is a
-    command to run it under (valgrind, for one)."""
+    command to run it under (valgrind, for one); `module` the module (and its
+    arguments) that runs the CLI."""
 
     def __init__(
         self,
@@ -150,13 +151,14 @@ class ServeProcess:
         remove_data_dir: bool = True,
         stop_timeout_s: float = 60.0,
         prefix: Sequence[str] = (),
+        module: Sequence[str] = ("sepp.server.cli",),
     ) -> None:
         self.data_dir = data_dir
         self.remove_data_dir = remove_data_dir
         self.stop_timeout_s = stop_timeout_s
         cmd = [
             *taskset(core), *prefix,
-            sys.executable, "-m", "sepp.server.cli", "serve",
+            sys.executable, "-m", *module, "serve",
             "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--persist-mode", persist_mode,
             *args,
         ]  # fmt: skip
