@@ -712,6 +712,10 @@ SCHEDULE_KEYS: dict[str, tuple[type, bool]] = {
 }
 
 
+# The encoding of a [[schedules]] payload that names none (the payload is TOML text).
+SCHEDULE_TEXT_ENCODING = "text/plain; charset=utf-8"
+
+
 def _schedule_entries(raw: Any, origin: str) -> list[dict[str, Any]]:
     """[[schedules]] tables: each key known and of its type, exactly one of cron and
     every_ms, a cron that parses, a known time zone, a catch-up policy. The rest
@@ -753,7 +757,12 @@ def _schedule_entries(raw: Any, origin: str) -> list[dict[str, Any]]:
             raise ConfigError(
                 f"schedules.{name}.catch_up", f"must be one of {list(CATCH_UP_POLICIES)}"
             )
-        out.append(dict(entry))
+        entry = dict(entry)
+        if "payload" in entry:
+            # The payload is text: without an encoding it is plain text (the
+            # core refuses a payload without one).
+            entry.setdefault("encoding", SCHEDULE_TEXT_ENCODING)
+        out.append(entry)
     return out
 
 

@@ -94,3 +94,19 @@ async def test_schedules_from_the_file_are_put_at_start_and_follow_reloads(tmp_p
         write_config(path, NIGHTLY)
         assert in_process_reloader(server, path).reload()
         assert set(state.schedules) == {"nightly"}
+
+
+def test_a_schedule_payload_without_an_encoding_is_plain_text(tmp_path: Path) -> None:
+    config = load(tmp_path, BEAT + 'payload = "hello"\n')
+    (beat,) = config.schedules  # type: ignore[attr-defined]
+    assert beat["encoding"] == "text/plain; charset=utf-8"
+    assert "encoding" not in load(tmp_path, BEAT).schedules[0]  # type: ignore[attr-defined]
+
+
+async def test_a_configured_schedule_with_a_text_payload_and_no_encoding_is_created(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sepp.toml"
+    write_config(path, BEAT + 'payload = "hello"\n')
+    async with in_process(in_process_config_from(path)) as server:
+        assert "beat" in server.engine.state.schedules
