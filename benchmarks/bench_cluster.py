@@ -1,0 +1,410 @@
+"""Cluster mode against a single node, in the same run (issue 19 targets).
+
+    python -m benchmarks.bench_cluster [--rounds 3] [--jobs 20000] [--pin]
+        [--appends-in-flight N [N ...]]   # e.g. 1 4: two clusters, rounds interleaved
+
+Starts a local three-server JetStream cluster (tools/cluster.py: R3, file
+storage, `sync_interval: always`) and three `sepp serve --cluster` nodes on it
+(admin listener off, follower snapshots off), plus a lag probe (below); then, in
+each round, a fresh single-node `sepp serve` (`sync_data`, the default durable
+setting; `bench_e2e.one_run`) and the cluster's leader, one after the other, are
+driven by the lean load generator (`loadgen.py`) at the 50/50 load: 50 producer
+connections enqueue `--jobs` 256-byte jobs one per request, then 50 worker
+connections reserve + ack them (benchmark-method.md; no latency phase). Each
+cluster round uses its own queue. Prints every round, then the medians: enqueue
+and drain jobs/s of each, the cluster/single ratios (target >= 60 %), and the
+follower apply lag p50 / p99 (target p99 <= 50 ms).
+
+Follower apply lag: a fourth follower process (the probe) tails the stream with
+the followers' own apply path -- `JetStreamLog.read_from` + `LogApplier.apply`,
+as `ClusterNode._tail` does -- and also subscribes to `_INBOX.>`, where NATS
+delivers it a copy of every reply, JetStream's publish acknowledgements to the
+leader included (`{"stream": "sepp", "seq": N}`). Lag = the probe's clock when
+it had applied message N minus its clock when N's acknowledgement went by
+("leader's append acknowledged -> follower applied", one clock, no skew; negative
+when the follower applied first). Also shown: applied minus the batch's decided
+time (`time_ms`, the leader's wall clock for its newest record, same machine),
+which adds the batch's wait for its group commit and its append. Only batches
+applied inside a round's load window count. The probe is one more consumer of
+the stream and one more process on the two cores: it slows the cluster a little
+(the ratio is conservative). The three sepp followers apply the same messages
+through the same code; their lag is not read from them (no hook for it).
+
+With several `--appends-in-flight` values, one cluster (JetStream servers, nodes and
+probe) runs per value, all started first; each round runs the single node, then each
+cluster in turn (the others idle meanwhile).
+
+Pinning: off by default for both (the cluster's seven processes cannot share one
+core fairly with each other); `--pin` pins the single node and the cluster's
+processes to core 0 and the load generator to core 1, as bench_e2e does. The
+cluster stays up (idle) while the single node runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from benchmarks.bench_e2e import loadgen, one_run
+from benchmarks.common import (
+    ServeProcess,
+    fsync_rate,
+    machine_line,
+    median,
+    print_table,
+    taskset,
+)
+from sepp.protocol.framing import LENGTH_PREFIX
+from tools import cluster as local_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+NODES = ("b1", "b2", "b3")
+# How long the nodes get to elect a leader after start.
+LEADER_DEADLINE_S = 60.0
+
+
+def _hello(port: int) -> dict[str, Any]:
+    """The hello answer of the node on `port` (raw wire protocol)."""
+    frame = msgpack.packb([1, "hello", {"protocol": 1, "client": "bench-cluster"}])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(LENGTH_PREFIX.pack(len(frame)) + frame)
+        data = b""
+        while len(data) < LENGTH_PREFIX.size or len(data) < LENGTH_PREFIX.size + int(
+            LENGTH_PREFIX.unpack_from(data)[0]
+        ):
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the node closed the connection")
+            data += chunk
+    _, status, body = msgpack.unpackb(data[LENGTH_PREFIX.size :])
+    if status != "ok":
+        raise RuntimeError(f"hello refused: {body}")
+    return dict(body)
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) of these processes so far, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class Cluster:
+    """Three JetStream servers, three sepp nodes and the lag probe."""
+
+    def __init__(self, pin: bool, appends_in_flight: int | None = None) -> None:
+        self.dir = tempfile.mkdtemp(prefix="sepp-bench-cluster-")
+        self.core = "0" if pin else None
+        self.js = local_cluster.start_cluster(self.dir)
+        self.nodes: list[ServeProcess] = []
+        self.probe: subprocess.Popen[bytes] | None = None
+        self.probe_out = os.path.join(self.dir, "lag.txt")
+        try:
+            if self.core is not None:
+                for server in self.js.servers:
+                    subprocess.run(["taskset", "-pc", self.core, str(server.pid)], check=True,
+                                   capture_output=True)  # fmt: skip
+            env = dict(os.environ)
+            env.update(
+                SEPP_CLUSTER__MONITOR_URLS=",".join(self.js.monitor_urls()),
+                SEPP_CLUSTER__SNAPSHOT_EVERY_MESSAGES="0",
+                SEPP_LOGGING__LEVEL="warning",
+            )
+            if appends_in_flight is not None:
+                env["SEPP_CLUSTER__APPENDS_IN_FLIGHT"] = str(appends_in_flight)
+            urls = ",".join(self.js.urls())
+            for name in NODES:
+                node_dir = tempfile.mkdtemp(prefix=f"sepp-bench-{name}-", dir=self.dir)
+                args = ["--cluster", urls, "--node-id", name, "--admin-listen", "off"]
+                self.nodes.append(ServeProcess(node_dir, "sync_data", env, core=self.core,
+                                               args=args))  # fmt: skip
+            self.leader = self._wait_leader()
+            self.probe = subprocess.Popen(
+                [*taskset(self.core), sys.executable, "-m", "benchmarks.bench_cluster",
+                 "--probe", urls, "--probe-out", self.probe_out],
+                cwd=ROOT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_leader(self) -> ServeProcess:
+        deadline = time.monotonic() + LEADER_DEADLINE_S
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                try:
+                    cluster = _hello(node.port).get("cluster") or {}
+                except (OSError, RuntimeError):
+                    continue
+                if cluster.get("role") == "leader":
+                    return node
+            time.sleep(0.1)
+        raise RuntimeError(f"no sepp node led within {LEADER_DEADLINE_S} s")
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.js.servers] + [n.proc.pid for n in self.nodes]
+
+    def lags_between(self, start_ms: float, end_ms: float) -> dict[str, list[float]]:
+        """The probe's samples of batches applied in [start_ms, end_ms]."""
+        lags: dict[str, list[float]] = {"ack": [], "decided": []}
+        with open(self.probe_out) as f:
+            for line in f:
+                kind, _, rest = line.partition(" ")
+                parts = rest.split()
+                if kind in lags and len(parts) == 2 and start_ms <= float(parts[0]) <= end_ms:
+                    lags[kind].append(float(parts[1]))
+        return lags
+
+    def stop(self) -> None:
+        if self.probe is not None and self.probe.poll() is None:
+            self.probe.send_signal(signal.SIGTERM)
+            try:
+                self.probe.wait(10)
+            except subprocess.TimeoutExpired:
+                self.probe.kill()
+                self.probe.wait()
+        for node in reversed(self.nodes):
+            node.stop()
+        local_cluster.stop_cluster(self.js)
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def cluster_round(
+    cluster: Cluster, connections: int, jobs: int, pin: bool, queue: str
+) -> dict[str, Any]:
+    pids = cluster.pids()
+    cpu0, wall0 = _cpu_s(pids), time.time()
+    result = loadgen(
+        cluster.leader.port,
+        pin,
+        connections=connections,
+        jobs=jobs,
+        phases=["enqueue", "drain"],
+        queue=queue,
+        server_pid=cluster.leader.proc.pid,
+    )
+    wall1 = time.time()
+    result["cluster_cpu"] = (_cpu_s(pids) - cpu0) / (wall1 - wall0)
+    # Give the probe a moment to apply the last batches of the window.
+    deadline = time.monotonic() + 5
+    lags = cluster.lags_between(wall0 * 1000, wall1 * 1000)
+    while not lags["ack"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        lags = cluster.lags_between(wall0 * 1000, wall1 * 1000)
+    result["lags"] = lags["ack"]
+    result["decided_lags"] = lags["decided"]
+    return result
+
+
+async def _probe(urls: str, out: str) -> None:
+    """The lag probe: a follower's apply path on the stream. Lines `ack WALL LAG`
+    (LAG: ms from the leader's append acknowledgement, as seen on `_INBOX.>`, to
+    this follower having applied that message; negative if applied first) and
+    `decided WALL LAG` (ms from the batch's decided time), WALL the apply time."""
+    from sepp.cluster import jetstream
+    from sepp.cluster.logengine import LogApplier, new_cluster_engine
+    from sepp.server.config import load_config
+
+    nc = await jetstream.connect(urls)
+    log = jetstream.JetStreamLog(nc, jetstream.ClusterNames().stream)
+    applier = LogApplier(new_cluster_engine(load_config(None).core_config()))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    f = open(out, "w", buffering=1)  # noqa: SIM115 (closed below)
+    acked: dict[int, float] = {}  # log seq -> when its acknowledgement went by
+    applied: dict[int, float] = {}  # log seq -> applied before its ack was seen
+
+    async def on_reply(msg: Any) -> None:
+        # The leader's publish acknowledgements: {"stream": "sepp", "seq": N}.
+        now_ms = time.time_ns() / 1e6
+        if not msg.data.startswith(b'{"stream"'):
+            return
+        try:
+            answer = json.loads(msg.data)
+        except ValueError:
+            return
+        if answer.get("stream") != log.stream or "error" in answer or "seq" not in answer:
+            return
+        seq = int(answer["seq"])
+        at = applied.pop(seq, None)
+        if at is None:
+            acked[seq] = now_ms
+        else:
+            f.write(f"ack {at:.1f} {at - now_ms:.2f}\n")
+
+    await nc.subscribe("_INBOX.>", cb=on_reply)
+
+    async def tail() -> None:
+        async for entry in log.read_from(1):
+            applier.apply(entry)
+            now_ms = time.time_ns() / 1e6
+            f.write(f"decided {now_ms:.1f} {now_ms - applier.tip.time_ms:.1f}\n")
+            at = acked.pop(entry.seq, None)
+            if at is None:
+                applied[entry.seq] = now_ms
+            else:
+                f.write(f"ack {now_ms:.1f} {now_ms - at:.2f}\n")
+
+    task = asyncio.ensure_future(tail())
+    waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    task.cancel()
+    waiter.cancel()
+    f.close()
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
+    await nc.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--pin", action="store_true", help="cluster + server core 0, load core 1")
+    parser.add_argument(
+        "--appends-in-flight",
+        type=int,
+        nargs="+",
+        help="the nodes' [cluster] appends_in_flight (default 4); several values: one "
+        "cluster each, measured side by side, rounds interleaved",
+    )
+    parser.add_argument("--probe", metavar="URLS", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        asyncio.run(_probe(args.probe, args.probe_out))
+        return
+
+    print(machine_line())
+    probe = fsync_rate()
+    print(
+        f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, "
+        f"{probe['syncs_per_s']:,.0f} syncs/s"
+    )
+    print(f"pinning: {'server/cluster core 0, load generator core 1' if args.pin else 'none'}")
+    variants: list[int | None] = list(args.appends_in_flight or [None])
+    clusters: dict[int | None, Cluster] = {}
+    rows = []
+    single: list[dict[str, Any]] = []
+    clustered: dict[int | None, list[dict[str, Any]]] = {v: [] for v in variants}
+    try:
+        for variant in variants:
+            clusters[variant] = cluster = Cluster(args.pin, variant)
+            print(
+                f"cluster {_label(variant)}: leader port {cluster.leader.port}, "
+                f"nats {','.join(cluster.js.urls())}"
+            )
+        for n in range(args.rounds):
+            runs: list[tuple[str, dict[str, Any]]] = []
+            s = one_run("sync_data", args.connections, args.jobs, args.pin, latency=False)
+            single.append(s)
+            runs.append(("single", s))
+            for variant in variants:
+                c = cluster_round(
+                    clusters[variant], args.connections, args.jobs, args.pin, f"bench{n}"
+                )
+                clustered[variant].append(c)
+                runs.append((f"cluster {_label(variant)}", c))
+            for label, r in runs:
+                lags, decided = r.get("lags"), r.get("decided_lags")
+                rows.append((
+                    n + 1, label, r["enqueue"]["jobs_per_s"], r["drain"]["jobs_per_s"],
+                    _percentile(lags, 0.5) if lags else "", _percentile(lags, 0.99) if lags else "",
+                    _percentile(decided, 0.99) if decided else "", len(lags) if lags else "",
+                ))  # fmt: skip
+                print("  ", rows[-1], flush=True)
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+    print()
+    print_table(
+        [
+            "round",
+            "run",
+            "enqueue jobs/s",
+            "drain jobs/s",
+            "lag p50 ms",
+            "lag p99 ms",
+            "decided->applied p99 ms",
+            "batches",
+        ],
+        rows,
+    )
+
+    def med(results: list[dict[str, Any]], phase: str) -> float:
+        return median([r[phase]["jobs_per_s"] for r in results])
+
+    summary = []
+    for variant in variants:
+        results = clustered[variant]
+        lags = [lag for r in results for lag in r["lags"]]
+        for phase in ("enqueue", "drain"):
+            summary.append((
+                f"{phase}, {_label(variant)}", med(single, phase), med(results, phase),
+                f"{med(results, phase) / med(single, phase):.0%}",
+                _percentile(lags, 0.5), _percentile(lags, 0.99),
+                median([_percentile(r["lags"], 0.99) for r in results if r["lags"]]),
+            ))  # fmt: skip
+    print()
+    print_table(
+        [
+            "medians",
+            "single jobs/s",
+            "cluster jobs/s",
+            "cluster/single (target >= 60%)",
+            "lag p50 ms",
+            "lag p99 ms (target <= 50)",
+            "median of rounds' lag p99 ms",
+        ],
+        summary,
+    )
+    print(
+        "(lag = leader's append acknowledged -> applied by the probe follower, all rounds' "
+        "batches; CPU, share of one core over each run: single server "
+        + " / ".join(f"{r['enqueue']['server_cpu']:.0%}" for r in single)
+        + "; "
+        + "; ".join(
+            f"cluster {_label(v)} (3 nats + 3 sepp) "
+            + " / ".join(f"{r['cluster_cpu']:.0%}" for r in clustered[v])
+            for v in variants
+        )
+        + "; load generator in the cluster rounds (enqueue) "
+        + " / ".join(f"{r['enqueue']['client_cpu']:.0%}" for v in variants for r in clustered[v])
+        + ")"
+    )
+
+
+def _label(appends_in_flight: int | None) -> str:
+    return f"{appends_in_flight or 'default 4'} in flight"
+
+
+if __name__ == "__main__":
+    main()
