@@ -199,16 +199,29 @@ class ClusterNode:
 
     async def run(self) -> None:
         try:
-            await self._boot()
+            booted = False
             while not self._stopping:
-                if self.role == ROLE_FOLLOWER:
-                    await self._follow()
-                elif self.role == ROLE_CANDIDATE:
-                    await self._campaign()
-                elif self.role == ROLE_LEADER:
-                    await self._lead()
-                else:
-                    return
+                try:
+                    if not booted:
+                        await self._boot()
+                        booted = True
+                    elif self.role == ROLE_FOLLOWER:
+                        await self._follow()
+                    elif self.role == ROLE_CANDIDATE:
+                        await self._campaign()
+                    elif self.role == ROLE_LEADER:
+                        await self._lead()
+                    else:
+                        return
+                except LogMismatch:
+                    raise
+                except ReplicatedLogError as exc:
+                    # The backend out of reach while booting (a snapshot read),
+                    # campaigning (the tail, the lease) or after a step-down: try
+                    # again after a follower's poll. (It ended the loop silently:
+                    # a node that never followed nor led again.)
+                    log.warning("node %s (%s): %s; trying again", self.node_id, self.role, exc)
+                    await self._sleep(self.renew_ms / FOLLOWER_READS_PER_RENEWAL / 1000)
         except LogMismatch as exc:
             self.failure = exc
             log.critical("node %s stops: %s", self.node_id, exc)
@@ -311,9 +324,7 @@ class ClusterNode:
                     self.leader = record.address if record.node_id != self.node_id else None
                 await self._pause(tail)
         finally:
-            tail.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tail
+            await _cancel_until_done(tail, self._sleep)
 
     def _held_unknown(self) -> Any:
         return _UNKNOWN
@@ -440,6 +451,29 @@ class ClusterNode:
 
 
 _UNKNOWN: Any = object()
+# How often a task that ignored its cancellation is cancelled again.
+RECANCEL_INTERVAL_S = 0.05
+
+
+async def _cancel_until_done(
+    task: asyncio.Task[Any], sleep: Callable[[float], Awaitable[None]]
+) -> None:
+    """Cancel `task` and wait until it has ended, cancelling it again while it
+    runs on: on Python 3.11 `asyncio.wait_for` (nats-py's `next_msg`) can lose a
+    cancellation that lands as its inner wait completes, and a tail that lost
+    it kept applying the log while the node waited for it forever (a candidate
+    that never campaigned; found by tools/failover.py)."""
+    while not task.done():
+        task.cancel()
+        pause = asyncio.ensure_future(sleep(RECANCEL_INTERVAL_S))
+        try:
+            await asyncio.wait([task, pause], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            pause.cancel()
+    if not task.cancelled():
+        exc = task.exception()
+        if exc is not None:
+            raise exc
 
 
 class LocalServing:

@@ -31,6 +31,7 @@ from sepp.cluster.replog import (
     Entry,
     HeldLease,
     LeaseRecord,
+    MemoryBlobStore,
     MemoryLease,
     MemoryLog,
     ReplicatedLogError,
@@ -414,3 +415,90 @@ async def test_a_follower_that_meets_a_damaged_message_stops_naming_it() -> None
 
 def test_entry_is_what_the_log_yields() -> None:
     assert Entry(1, b"x").seq == 1
+
+
+class SwallowingLog(NodeLog):
+    """A log whose tail ignores the first cancellation it gets (as nats-py's
+    `next_msg` can on Python 3.11, where `asyncio.wait_for` loses a cancel that
+    lands as its inner wait completes) and goes on tailing."""
+
+    def __init__(self, shared: MemoryLog, node_id: str, appends: list[tuple[str, int]]) -> None:
+        super().__init__(shared, node_id, appends)
+        self.swallowed = 0
+
+    async def read_from(self, seq: int) -> Any:
+        source = self.shared.read_from(seq)
+        while True:
+            try:
+                entry = await anext(source)
+            except asyncio.CancelledError:
+                if self.swallowed:
+                    raise
+                self.swallowed += 1
+                source = self.shared.read_from(seq)  # the cancelled read, started again
+                continue
+            seq = entry.seq + 1
+            yield entry
+
+
+async def test_a_follower_whose_tail_ignores_a_cancellation_still_takes_over() -> None:
+    cluster = Cluster()
+    follower = cluster.nodes[1]
+    log = SwallowingLog(cluster.log, follower.node_id, cluster.appends)
+    follower.log = log
+    cluster.start()
+    try:
+        first = await cluster.wait_leader()
+        assert first is not follower  # n1 starts first and leads
+        for node in cluster.nodes:
+            if node is not first and node is not follower:
+                await node.kill()
+        await first.kill()
+
+        second = await cluster.wait_leader(within_ms=LEASE_TTL_MS + 4 * LEASE_RENEW_MS)
+
+        assert second is follower
+        assert log.swallowed == 1
+    finally:
+        await cluster.close()
+
+
+class FlakyBlobs(MemoryBlobStore):
+    """A blob store out of reach for its first `failures` listings."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def names(self) -> list[str]:
+        if self.failures:
+            self.failures -= 1
+            raise ReplicatedLogError("injected: the object store is out of reach")
+        return await super().names()
+
+
+async def test_a_node_whose_boot_meets_an_unreachable_backend_tries_again_and_leads() -> None:
+    clock = ManualClock()
+    blobs = FlakyBlobs(failures=2)
+    node = ClusterNode(
+        node_id="n1",
+        address="127.0.0.1:7001",
+        log_=MemoryLog(),
+        lease=MemoryLease(LEASE_TTL_MS, clock),
+        config=BUSY,
+        clock_ms=clock,
+        sleep=clock.sleep,
+        serving=LocalServing(),
+        blobs=blobs,
+    )
+    node.start()
+    try:
+        for _ in range(30):
+            if node.role == ROLE_LEADER:
+                break
+            await clock.advance(100)
+        assert node.role == ROLE_LEADER
+        assert blobs.failures == 0
+        assert node.failure is None
+    finally:
+        await node.kill()
