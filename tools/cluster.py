@@ -1,6 +1,7 @@
-"""A local three-server NATS JetStream cluster for trying cluster mode and for tests.
+"""A local cluster for trying cluster mode and for tests: three NATS JetStream
+servers and three sepp nodes on top.
 
-    python -m tools.cluster up   [--dir DIR] [--lazy-sync]
+    python -m tools.cluster up   [--dir DIR] [--lazy-sync] [--no-sepp]
     python -m tools.cluster down [--dir DIR]
     python -m tools.cluster status [--dir DIR]
 
@@ -11,20 +12,25 @@ every acknowledgement; cluster mode refuses servers without it), file storage
 under DIR/<name>/jetstream, a monitoring port each (cluster mode reads
 `sync_interval` from the servers' /varz, and `up` waits on /jsz until JetStream
 has a meta leader). It prints the client URLs (one line, comma separated: what
-`sepp serve --cluster` takes) and writes DIR/cluster.json (names, ports, PIDs).
-`down` stops exactly the PIDs recorded there (SIGTERM, then SIGKILL after a
-deadline), after checking each PID still runs a nats-server with that
-directory's configuration, and never by name.
+`sepp serve --cluster` takes). Then (unless `--no-sepp`) it starts three
+`sepp serve --cluster URLS --node-id sK --advertise 127.0.0.1:PORT` nodes (data
+and log under DIR/sK, admin listener off), waits until each printed `sepp
+listening on HOST:PORT`, and prints last the nodes' addresses comma separated
+(what `SeppClient.connect` and `sepp info --addr` take). DIR/cluster.json
+records names, ports and PIDs. `down` stops exactly the PIDs recorded there
+(SIGTERM, then SIGKILL after a deadline), after checking each PID still runs a
+nats-server / sepp with that directory's configuration, and never by name.
 
 `--lazy-sync` starts the servers with JetStream's default lazy fsync (for the
-test that cluster mode refuses them). `--sepp` is reserved for the cluster node
-work: three `sepp serve --cluster` nodes on top of these servers, started by a
-`start_sepp_nodes(cluster, ...)` hook that lives beside `start_cluster`.
+test that cluster mode refuses them; use it with `--no-sepp`).
 
-The Python API (for tests and the failover harness): `start_cluster(dir)` ->
-`JetStreamCluster` (`urls()`, `monitor_urls()`, `kill(name)`, `pause(name)`,
-`resume(name)`, `restart(name)`, `stream_leader(stream)`, `wait_meta_leader()`),
-`stop_cluster(cluster)` and `load_cluster(dir)`.
+The Python API (for tests and the failover harness, tools/failover.py):
+`start_cluster(dir)` -> `JetStreamCluster` (`urls()`, `monitor_urls()`,
+`kill(name)`, `pause(name)`, `resume(name)`, `restart(name)`,
+`stream_leader(stream)`, `wait_meta_leader()`), `start_sepp_nodes(cluster,
+nats_urls=...)` (then `addresses()`, `sepp_kill(name)`, `sepp_term(name)`,
+`sepp_pause(name)`, `sepp_resume(name)`, `sepp_restart(name)`),
+`stop_cluster(cluster)` (sepp nodes first) and `load_cluster(dir)`.
 
 Imports nothing of sepp: the servers are separate processes.
 """
@@ -43,7 +49,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,19 +119,71 @@ class NatsServer:
 
     def alive(self) -> bool:
         """The recorded PID still runs this server's nats-server (not a reused PID)."""
-        if self.pid <= 0:
-            return False
-        try:
-            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return False
-        state = stat.rsplit(")", 1)[1].split()[0]
-        if state == "Z":
-            return False
-        return any(b"nats-server" in part for part in cmdline) and (
-            self.config_path.encode() in cmdline
-        )
+        return _runs(self.pid, b"nats-server", self.config_path.encode())
+
+
+SEPP_NAMES = ("s1", "s2", "s3")
+
+
+@dataclass
+class SeppNode:
+    """One `sepp serve --cluster` process of the local cluster."""
+
+    name: str
+    port: int
+    nats_urls: str
+    config_path: str
+    data_dir: str
+    log_path: str
+    pid: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "sepp.server.cli",
+            "serve",
+            "--config",
+            self.config_path,
+            "--listen",
+            self.address,
+            "--data-dir",
+            self.data_dir,
+            "--admin-listen",
+            "off",
+            "--cluster",
+            self.nats_urls,
+            "--node-id",
+            self.name,
+            "--advertise",
+            self.address,
+        ]
+
+    def alive(self) -> bool:
+        """The recorded PID still runs this node's sepp (not a reused PID)."""
+        return _runs(self.pid, b"sepp.server.cli", self.config_path.encode())
+
+
+def _runs(pid: int, program: bytes, config: bytes) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[1].split()[0] == "Z":
+        return False
+    return any(program in part for part in cmdline) and config in cmdline
+
+
+def _sepp_config_text(monitor_urls: list[str], extra: str) -> str:
+    urls = ",".join(monitor_urls)
+    return f'[cluster]\nmonitor_urls = "{urls}"\n{extra}'
 
 
 def _config_text(server: NatsServer, store_dir: Path, routes: list[int], sync_always: bool) -> str:
@@ -141,6 +199,9 @@ def _config_text(server: NatsServer, store_dir: Path, routes: list[int], sync_al
         "}\n"
         "cluster {\n"
         f"  name: {CLUSTER_NAME}\n"
+        # Clients (sepp nodes) keep to the URLs they were given: the failover
+        # harness puts a TCP proxy in front of each server and cuts it.
+        "  no_advertise: true\n"
         f"  listen: 127.0.0.1:{server.cluster_port}\n"
         f"  routes: [{route_urls}]\n"
         "}\n"
@@ -160,8 +221,8 @@ class JetStreamCluster:
     dir: str
     servers: list[NatsServer] = field(default_factory=list)
     sync_always: bool = True
-    # Filled by the sepp-node work (`--sepp`): their client addresses and PIDs.
-    sepp_nodes: list[dict[str, Any]] = field(default_factory=list)
+    # The sepp nodes on top (`start_sepp_nodes`): their client addresses and PIDs.
+    sepp_nodes: list[SeppNode] = field(default_factory=list)
 
     def urls(self) -> list[str]:
         """The client URLs of the NATS servers (what `sepp serve --cluster` takes)."""
@@ -175,6 +236,23 @@ class JetStreamCluster:
             if server.name == name:
                 return server
         raise ClusterError(f"no server named {name!r} (have {[s.name for s in self.servers]})")
+
+    def addresses(self) -> str:
+        """The sepp nodes' client addresses, comma separated (what
+        `SeppClient.connect` takes)."""
+        return ",".join(n.address for n in self.sepp_nodes)
+
+    def sepp(self, name: str) -> SeppNode:
+        for node in self.sepp_nodes:
+            if node.name == name:
+                return node
+        raise ClusterError(f"no sepp node named {name!r}")
+
+    def sepp_by_address(self, address: str) -> SeppNode:
+        for node in self.sepp_nodes:
+            if node.address == address:
+                return node
+        raise ClusterError(f"no sepp node at {address!r}")
 
     def save(self) -> None:
         path = Path(self.dir) / CLUSTER_FILE
@@ -201,6 +279,76 @@ class JetStreamCluster:
         # this process when it exits so that a dead server is not a zombie.
         _children[proc.pid] = proc
         self.save()
+
+    def _launch_sepp(self, node: SeppNode) -> None:
+        Path(node.data_dir).mkdir(parents=True, exist_ok=True)
+        start = Path(node.log_path).stat().st_size if Path(node.log_path).exists() else 0
+        log = open(node.log_path, "ab")  # noqa: SIM115 (the child keeps it)
+        try:
+            proc = subprocess.Popen(
+                node.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        node.pid = proc.pid
+        _children[proc.pid] = proc
+        self.save()
+        node_start[node.name] = start
+
+    def wait_sepp_listening(self, name: str, deadline_s: float = START_DEADLINE_S) -> None:
+        """Wait until the node printed `sepp listening on HOST:PORT` (it serves
+        or redirects); raise if it exits first."""
+        node = self.sepp(name)
+        wanted = f"sepp listening on {node.address}".encode()
+
+        def check() -> bool:
+            with open(node.log_path, "rb") as fh:
+                fh.seek(node_start.get(name, 0))
+                if wanted in fh.read():
+                    return True
+            child = _children.get(node.pid)
+            # (Just after the fork /proc shows the parent's command line: ask
+            # the Popen of a child of this process instead.)
+            if child.poll() is not None if child is not None else not node.alive():
+                raise ClusterError(f"sepp node {name} exited; see {node.log_path}")
+            return False
+
+        _poll(check, deadline_s, f"sepp node {name} did not listen within {deadline_s} s")
+
+    def sepp_signal(self, name: str, sig: int) -> None:
+        node = self.sepp(name)
+        if not node.alive():
+            raise ClusterError(f"sepp node {name} (pid {node.pid}) is not running")
+        os.kill(node.pid, sig)
+
+    def sepp_kill(self, name: str) -> None:
+        """kill -9 one sepp node and wait until its process is gone."""
+        self.sepp_signal(name, signal.SIGKILL)
+        _wait_gone(self.sepp(name), STOP_DEADLINE_S)
+
+    def sepp_term(self, name: str, deadline_s: float = STOP_DEADLINE_S) -> None:
+        """SIGTERM one sepp node (a planned stop) and wait until it is gone
+        (SIGKILL past the deadline)."""
+        _stop(self.sepp(name), deadline_s)
+
+    def sepp_pause(self, name: str) -> None:
+        self.sepp_signal(name, signal.SIGSTOP)
+
+    def sepp_resume(self, name: str) -> None:
+        self.sepp_signal(name, signal.SIGCONT)
+
+    def sepp_restart(self, name: str, deadline_s: float = START_DEADLINE_S) -> None:
+        """Start a stopped or killed sepp node again (same port, same data
+        directory) and wait until it listens."""
+        node = self.sepp(name)
+        if node.alive():
+            raise ClusterError(f"sepp node {name} (pid {node.pid}) is still running")
+        self._launch_sepp(node)
+        self.wait_sepp_listening(name, deadline_s)
 
     def signal(self, name: str, sig: int) -> None:
         server = self.server(name)
@@ -306,6 +454,11 @@ class JetStreamCluster:
 
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
+# The exit codes of children reaped (by PID).
+exit_codes: dict[int, int] = {}
+# Where each sepp node's log stood when it was last started (its listening line
+# is looked for after that).
+node_start: dict[str, int] = {}
 
 
 def _healthy(server: NatsServer) -> bool:
@@ -330,24 +483,26 @@ def _reap(pid: int) -> None:
     child = _children.get(pid)
     if child is not None:
         if child.poll() is not None:
+            exit_codes[pid] = child.returncode
             _children.pop(pid, None)
         return
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
 
 
-def _wait_gone(server: NatsServer, deadline_s: float) -> bool:
+def _wait_gone(server: NatsServer | SeppNode, deadline_s: float) -> bool:
     deadline = time.monotonic() + deadline_s
     while True:
         _reap(server.pid)
         if not server.alive():
+            _reap(server.pid)  # it may have exited since the last reap: keep its code
             return True
         if time.monotonic() > deadline:
             return False
         time.sleep(POLL_INTERVAL_S)
 
 
-def _stop(server: NatsServer, deadline_s: float) -> None:
+def _stop(server: NatsServer | SeppNode, deadline_s: float) -> None:
     if not server.alive():
         return
     # A paused server cannot act on SIGTERM.
@@ -406,6 +561,67 @@ def start_cluster(
     return cluster
 
 
+def start_sepp_nodes(
+    cluster: JetStreamCluster,
+    *,
+    nats_urls: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    names: Sequence[str] = SEPP_NAMES,
+    extra_config: str = "",
+    deadline_s: float = START_DEADLINE_S,
+) -> list[SeppNode]:
+    """Start one `sepp serve --cluster` per name on 127.0.0.1 free ports, each
+    with its data directory DIR/<name>, and wait until every one listens.
+    `nats_urls`: what the nodes connect to (default the servers' URLs), or per
+    node name (the failover harness gives each node its own proxies);
+    `extra_config`: TOML lines added to
+    the nodes' `[cluster]` table. On failure the nodes started are stopped."""
+    root = Path(cluster.dir)
+
+    def urls_of(name: str) -> str:
+        if nats_urls is None:
+            return ",".join(cluster.urls())
+        if isinstance(nats_urls, Mapping):
+            return ",".join(nats_urls[name])
+        return ",".join(nats_urls)
+
+    ports = _free_ports(len(names))
+    nodes = []
+    for name, port in zip(names, ports, strict=True):
+        ndir = root / name
+        ndir.mkdir(parents=True, exist_ok=True)
+        config_path = ndir / "sepp.toml"
+        config_path.write_text(_sepp_config_text(cluster.monitor_urls(), extra_config))
+        nodes.append(
+            SeppNode(
+                name=name,
+                port=port,
+                nats_urls=urls_of(name),
+                config_path=str(config_path),
+                data_dir=str(ndir / "data"),
+                log_path=str(ndir / "sepp.log"),
+            )
+        )
+    cluster.sepp_nodes = nodes
+    try:
+        # One after the other: nodes started together while the first creates
+        # the stream, the lease bucket and the object store were seen to stay
+        # followers that never apply the log nor learn the leader (2026-12-02);
+        # a node listens only once those exist.
+        for node in nodes:
+            cluster._launch_sepp(node)
+            cluster.wait_sepp_listening(node.name, deadline_s)
+    except BaseException:
+        stop_sepp_nodes(cluster)
+        raise
+    return nodes
+
+
+def stop_sepp_nodes(cluster: JetStreamCluster, deadline_s: float = STOP_DEADLINE_S) -> None:
+    """Stop every recorded sepp node by PID (SIGTERM, SIGKILL past the deadline)."""
+    for node in cluster.sepp_nodes:
+        _stop(node, deadline_s)
+
+
 def load_cluster(directory: str | os.PathLike[str]) -> JetStreamCluster:
     path = Path(directory).resolve() / CLUSTER_FILE
     try:
@@ -417,12 +633,14 @@ def load_cluster(directory: str | os.PathLike[str]) -> JetStreamCluster:
         dir=raw["dir"],
         servers=servers,
         sync_always=bool(raw.get("sync_always", True)),
-        sepp_nodes=list(raw.get("sepp_nodes", [])),
+        sepp_nodes=[SeppNode(**n) for n in raw.get("sepp_nodes", [])],
     )
 
 
 def stop_cluster(cluster: JetStreamCluster, deadline_s: float = STOP_DEADLINE_S) -> None:
-    """Stop every recorded server by PID (SIGTERM, then SIGKILL past the deadline)."""
+    """Stop every recorded sepp node and server by PID (SIGTERM, then SIGKILL
+    past the deadline)."""
+    stop_sepp_nodes(cluster, deadline_s)
     for server in cluster.servers:
         _stop(server, deadline_s)
 
@@ -439,31 +657,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="JetStream's default lazy fsync (cluster mode refuses it; for tests)",
     )
     parser.add_argument(
-        "--sepp",
+        "--no-sepp",
         action="store_true",
-        help="also start three sepp nodes (not built yet: the cluster node work adds it)",
+        help="only the three nats-servers (no sepp nodes on top)",
     )
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            if args.sepp:
-                print("--sepp: sepp nodes are not available yet", file=sys.stderr)
-                return 2
             cluster = start_cluster(args.dir, sync_always=not args.lazy_sync)
             for server in cluster.servers:
                 print(
                     f"{server.name}: {server.url} (pid {server.pid}, monitor {server.monitor_url})"
                 )
             print(",".join(cluster.urls()))
+            if not args.no_sepp:
+                try:
+                    start_sepp_nodes(cluster)
+                except BaseException:
+                    stop_cluster(cluster)
+                    raise
+                for node in cluster.sepp_nodes:
+                    print(f"{node.name}: sepp {node.address} (pid {node.pid}, log {node.log_path})")
+                print(cluster.addresses())
         elif args.command == "down":
             cluster = load_cluster(args.dir)
             stop_cluster(cluster)
-            print(f"stopped {', '.join(f'{s.name} (pid {s.pid})' for s in cluster.servers)}")
+            stopped: list[SeppNode | NatsServer] = [*cluster.sepp_nodes, *cluster.servers]
+            print(f"stopped {', '.join(f'{s.name} (pid {s.pid})' for s in stopped)}")
         else:
             cluster = load_cluster(args.dir)
             for server in cluster.servers:
                 state = "running" if server.alive() else "stopped"
                 print(f"{server.name}: {server.url} pid {server.pid} {state}")
+            for node in cluster.sepp_nodes:
+                state = "running" if node.alive() else "stopped"
+                print(f"{node.name}: sepp {node.address} pid {node.pid} {state}")
             print(f"meta leader: {cluster.meta_leader()}")
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)

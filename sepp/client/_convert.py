@@ -450,11 +450,14 @@ def cluster_from_wire(raw: Any) -> ClusterInfo | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("role"), str):
         raise ValueError("'cluster' needs a 'role' string")
     node_id, epoch, leader = raw.get("node_id"), raw.get("epoch"), raw.get("leader")
+    log_seq, digest = raw.get("log_seq"), raw.get("state_hash")
     return ClusterInfo(
         role=raw["role"],
         node_id=node_id if isinstance(node_id, str) else None,
         epoch=epoch if type(epoch) is int else None,
         leader=leader if isinstance(leader, str) and leader else None,
+        log_seq=log_seq if type(log_seq) is int else None,
+        state_hash=digest if isinstance(digest, str) else None,
     )
 
 

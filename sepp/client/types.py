@@ -429,6 +429,10 @@ class ClusterInfo:
     node_id: str | None = None
     epoch: int | None = None
     leader: str | None = None
+    # Server info only (a debug read, for the failover harness): the last log
+    # message the node applied or appended and the digest of its state there.
+    log_seq: int | None = None
+    state_hash: str | None = None
 
     @property
     def is_leader(self) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sepp.cluster.logengine import LogCommitter, NotLeader
+from sepp.cluster.logengine import LogCommitter, NotLeader, state_hash
 from sepp.cluster.node import ROLE_CANDIDATE, ROLE_LEADER, ROLE_STOPPED, ClusterNode
 from sepp.cluster.replog import BlobStore, Lease, ReplicatedLog
 from sepp.server.config import ClusterSettings
@@ -122,6 +122,14 @@ class ClusterMode:
             "epoch": node.epoch,
             "leader": node.address if self.serving else node.leader,
         }
+
+    def state_view(self) -> dict[str, Any]:
+        """server_info's extra `cluster` fields: the last log message this node
+        applied or appended (`log_seq`) and the digest of its state there
+        (`state_hash`), read together; the nodes of a quiet cluster report
+        equal pairs (the failover harness compares them)."""
+        node = self.node
+        return {"log_seq": node.log_seq, "state_hash": state_hash(node.engine.state)}
 
     def leader_address(self) -> str | None:
         return self.node.address if self.serving else self.node.leader

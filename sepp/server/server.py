@@ -1419,7 +1419,7 @@ class ClientConnection(asyncio.Protocol):
         info["supported_protocol_versions"] = [f"v{v}" for v in pm.SUPPORTED_PROTOCOL_VERSIONS]
         info["max_settle_batch"] = pm.MAX_SETTLE_BATCH
         if cluster is not None:
-            info["cluster"] = cluster.info()
+            info["cluster"] = {**cluster.info(), **cluster.state_view()}
             if not cluster.serving:
                 # A follower or candidate answers at once: the limits (from its
                 # configuration), who it is and where the leader is.

@@ -255,3 +255,26 @@ def test_cluster_settings_come_from_the_cluster_table_and_the_serve_flags() -> N
     assert in_process_config().cluster is None
     with pytest.raises(ConfigError, match=r"cluster\.node_id"):
         _ = in_process_config(cluster__nats_urls="nats://a:4222").cluster
+
+
+async def test_server_info_carries_each_nodes_log_seq_and_state_hash_equal_once_quiet() -> None:
+    async with trio() as cluster:
+        leader = await cluster.wait_leader()
+        lead = await cluster.client(leader)
+        await lead.enqueue_ids(job("q"), job("q"))
+        for _ in range(50):
+            await settle()
+
+        views = []
+        for server in cluster.servers:
+            client = await cluster.client(server)
+            raw = (await client.ok("server_info"))["cluster"]
+            info = server_info_from_wire(await client.ok("server_info")).cluster
+            assert info is not None
+            assert (info.log_seq, info.state_hash) == (raw["log_seq"], raw["state_hash"])
+            assert server.cluster is not None
+            node = server.cluster.node
+            assert raw["state_hash"] == state_hash(node.engine.state)
+            views.append((raw["log_seq"], raw["state_hash"]))
+        assert len(set(views)) == 1
+        assert views[0][0] >= 2  # the leader change and the enqueue
