@@ -110,7 +110,9 @@ def _cpu_s(pids: list[int]) -> float:
 class Cluster:
     """Three JetStream servers, three sepp nodes and the lag probe."""
 
-    def __init__(self, pin: bool, appends_in_flight: int | None = None) -> None:
+    def __init__(
+        self, pin: bool, appends_in_flight: int | None = None, append_latency: bool = False
+    ) -> None:
         self.dir = tempfile.mkdtemp(prefix="sepp-bench-cluster-")
         self.core = "0" if pin else None
         self.js = local_cluster.start_cluster(self.dir)
@@ -139,7 +141,8 @@ class Cluster:
             self.leader = self._wait_leader()
             self.probe = subprocess.Popen(
                 [*taskset(self.core), sys.executable, "-m", "benchmarks.bench_cluster",
-                 "--probe", urls, "--probe-out", self.probe_out],
+                 "--probe", urls, "--probe-out", self.probe_out,
+                 *(["--append-latency"] if append_latency else [])],
                 cwd=ROOT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         except BaseException:
@@ -164,7 +167,7 @@ class Cluster:
 
     def lags_between(self, start_ms: float, end_ms: float) -> dict[str, list[float]]:
         """The probe's samples of batches applied in [start_ms, end_ms]."""
-        lags: dict[str, list[float]] = {"ack": [], "decided": []}
+        lags: dict[str, list[float]] = {"ack": [], "decided": [], "append": []}
         with open(self.probe_out) as f:
             for line in f:
                 kind, _, rest = line.partition(" ")
@@ -217,14 +220,17 @@ def cluster_round(
         lags = cluster.lags_between(wall0 * 1000, wall1 * 1000)
     result["lags"] = lags["ack"]
     result["decided_lags"] = lags["decided"]
+    result["appends"] = lags["append"]
     return result
 
 
-async def _probe(urls: str, out: str) -> None:
+async def _probe(urls: str, out: str, append_latency: bool) -> None:
     """The lag probe: a follower's apply path on the stream. Lines `ack WALL LAG`
     (LAG: ms from the leader's append acknowledgement, as seen on `_INBOX.>`, to
     this follower having applied that message; negative if applied first) and
-    `decided WALL LAG` (ms from the batch's decided time), WALL the apply time."""
+    `decided WALL LAG` (ms from the batch's decided time), WALL the apply time;
+    with `append_latency`, `append WALL MS`: from the leader's publish going by
+    (a plain subscription to the log's subject) to its acknowledgement."""
     from sepp.cluster import jetstream
     from sepp.cluster.logengine import LogApplier, new_cluster_engine
     from sepp.server.config import load_config
@@ -251,13 +257,24 @@ async def _probe(urls: str, out: str) -> None:
         if answer.get("stream") != log.stream or "error" in answer or "seq" not in answer:
             return
         seq = int(answer["seq"])
+        sent = published.pop(msg.subject, None)
+        if sent is not None:
+            f.write(f"append {now_ms:.1f} {now_ms - sent:.2f}\n")
         at = applied.pop(seq, None)
         if at is None:
             acked[seq] = now_ms
         else:
             f.write(f"ack {at:.1f} {at - now_ms:.2f}\n")
 
+    published: dict[str, float] = {}  # reply subject -> when the publish went by
+
+    async def on_publish(msg: Any) -> None:
+        if msg.reply:
+            published[msg.reply] = time.time_ns() / 1e6
+
     await nc.subscribe("_INBOX.>", cb=on_reply)
+    if append_latency:
+        await nc.subscribe(log.subject, cb=on_publish)
 
     async def tail() -> None:
         async for entry in log.read_from(1):
@@ -298,9 +315,15 @@ def main() -> None:
     )
     parser.add_argument("--probe", metavar="URLS", help=argparse.SUPPRESS)
     parser.add_argument("--probe-out", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--append-latency",
+        action="store_true",
+        help="also time each leader append (publish seen -> ack seen) in the probe; it then "
+        "receives every batch twice",
+    )
     args = parser.parse_args()
     if args.probe:
-        asyncio.run(_probe(args.probe, args.probe_out))
+        asyncio.run(_probe(args.probe, args.probe_out, args.append_latency))
         return
 
     print(machine_line())
@@ -317,7 +340,7 @@ def main() -> None:
     clustered: dict[int | None, list[dict[str, Any]]] = {v: [] for v in variants}
     try:
         for variant in variants:
-            clusters[variant] = cluster = Cluster(args.pin, variant)
+            clusters[variant] = cluster = Cluster(args.pin, variant, args.append_latency)
             print(
                 f"cluster {_label(variant)}: leader port {cluster.leader.port}, "
                 f"nats {','.join(cluster.js.urls())}"
@@ -386,6 +409,14 @@ def main() -> None:
         ],
         summary,
     )
+    for variant in variants:
+        appends = [a for r in clustered[variant] for a in r["appends"]]
+        if appends:
+            print(
+                f"leader's appends, {_label(variant)}: publish -> ack p50 "
+                f"{_percentile(appends, 0.5):.2f} ms, p99 {_percentile(appends, 0.99):.2f} ms "
+                f"over {len(appends)}"
+            )
     print(
         "(lag = leader's append acknowledged -> applied by the probe follower, all rounds' "
         "batches; CPU, share of one core over each run: single server "
