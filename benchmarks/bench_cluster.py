@@ -28,7 +28,10 @@ which adds the batch's wait for its group commit and its append. Only batches
 applied inside a round's load window count. The probe is one more consumer of
 the stream and one more process on the two cores: it slows the cluster a little
 (the ratio is conservative). The three sepp followers apply the same messages
-through the same code; their lag is not read from them (no hook for it).
+through the same code; their lag is not read from them (no hook for it). Both
+probe figures carry the probe's own delays: an acknowledgement is stamped when the
+probe's loop gets to it, so a backlogged probe understates ack -> applied;
+decided -> applied is an upper bound.
 
 With several `--appends-in-flight` values, one cluster (JetStream servers, nodes and
 probe) runs per value, all started first; each round runs the single node, then each
@@ -46,6 +49,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,6 +191,7 @@ class Cluster:
         for node in reversed(self.nodes):
             node.stop()
         local_cluster.stop_cluster(self.js)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _percentile(values: list[float], fraction: float) -> float:
