@@ -1,7 +1,7 @@
 """The web console (issue 16): server-rendered pages on the admin listener.
 
 Owns: the page routes (`add_console_routes`: `/` dashboard, `/queues/{name}`,
-`/jobs/{id}`, `/dead-letters`, `/enqueue`, `/audit`, `/search`, `/login`,
+`/jobs/{id}`, `/dead-letters`, `/schedules`, `/enqueue`, `/audit`, `/search`, `/login`,
 `/logout`, `/console/history`, `/static/console.{js,css}`), the browser sessions
 (`SessionStore`), the cross-site check of cookie-authenticated mutations
 (`same_origin`), and the in-memory stats history of the dashboard
@@ -12,7 +12,10 @@ request goes through `esc` (html.escape). One static JavaScript module
 (static/console.js) does the live parts: the dashboard's EventSource on
 /admin/api/v1/events, the window picker, and every mutation, which it sends to
 the JSON admin API (api.py) with the session cookie: the console keeps no rule of
-its own, the service's role table and the core's validation answer. Every page
+its own, the service's role table and the core's validation answer. The schedules
+page (issue 17) lists every schedule with its next fire time; its Pause / Resume /
+Delete buttons and its create form go to /admin/api/v1/schedules/{name} the same
+way (a control the role may not use is drawn disabled, as on every page). Every page
 carries a Content-Security-Policy that allows only this origin's script and
 styles and no inline script, and no request leaves the origin. Written for current
 Chromium and Firefox; tests/server/test_console_browser.py runs every page in
@@ -63,7 +66,7 @@ from sepp.admin.auth import (
     match_key,
 )
 from sepp.core.events import CAUSE_NAMES
-from sepp.core.reads import JobInfo, JobPage, QueueInfo
+from sepp.core.reads import JobInfo, JobPage, QueueInfo, ScheduleInfo
 from sepp.core.results import CommandError
 from sepp.server.job_timeline import Timeline, job_timeline
 from sepp.server.service import LOCAL_ADMIN, Principal, SeppService, role_allows
@@ -366,7 +369,12 @@ def fmt_ms(ms: int | None) -> str:
 
 def layout(title: str, principal: Principal, body: str, *, query: str = "") -> str:
     can_mutate = "true" if role_allows(principal.role, "requeue_dead_letters") else "false"
-    nav = [("/", "Dashboard"), ("/dead-letters", "Dead letters"), ("/enqueue", "Enqueue")]
+    nav = [
+        ("/", "Dashboard"),
+        ("/dead-letters", "Dead letters"),
+        ("/schedules", "Schedules"),
+        ("/enqueue", "Enqueue"),
+    ]
     if role_allows(principal.role, "audit"):
         nav.append(("/audit", "Audit"))
     links = "".join(f'<a href="{href}">{label}</a>' for href, label in nav)
@@ -572,11 +580,32 @@ async def queue_page(request: web.Request) -> web.StreamResponse:
         + "</div>"
     )
     body = (
-        f'{mark}{controls}<nav class="tabs" aria-label="states">{tabs}</nav>'
+        f"{mark}{controls}{flow_settings(q)}"
+        f'<nav class="tabs" aria-label="states">{tabs}</nav>'
         + job_rows(page.jobs, select=True)
         + next_link(page, {"state": state})
     )
     return html_response(layout(f"Queue {name}", principal, body))
+
+
+def flow_settings(q: QueueInfo) -> str:
+    """The queue's flow control in force (issue 17): max_in_flight, the rate
+    limit on deliveries and its weight in a fair reserve."""
+    policy = q.policy
+    in_flight = "unlimited" if policy.max_in_flight is None else str(policy.max_in_flight)
+    if policy.rate_limit_jobs is None or policy.rate_limit_per_ms is None:
+        rate = "unlimited"
+    else:
+        rate = f"{policy.rate_limit_jobs} jobs per {policy.rate_limit_per_ms} ms"
+    rows = "".join(
+        f'<tr><th scope="row">{label}</th><td data-field="{field}">{esc(value)}</td></tr>'
+        for field, label, value in (
+            ("max_in_flight", "max in flight", in_flight),
+            ("rate_limit", "rate limit", rate),
+            ("weight", "weight (fair reserve)", policy.weight),
+        )
+    )
+    return f'<table id="flow-control" class="fields" aria-label="flow control">{rows}</table>'
 
 
 async def dead_letters_page(request: web.Request) -> web.StreamResponse:
@@ -710,6 +739,82 @@ async def job_page(request: web.Request) -> web.StreamResponse:
     else:
         parts.append("<p>none</p>")
     return html_response(layout(f"Job {job_id}", principal, "".join(parts)))
+
+
+def schedule_row(info: ScheduleInfo, principal: Principal) -> str:
+    name = esc(info.name)
+    if info.cron is not None:
+        timing = f"<code>{esc(info.cron)}</code> ({esc(info.timezone)})"
+    else:
+        timing = f"every {esc(info.every_ms)} ms"
+    flow = (
+        f'<button class="act" data-action="schedule-resume" data-schedule="{name}"'
+        f"{disabled(principal, 'resume_schedule')}>Resume</button>"
+        if info.paused
+        else f'<button class="act" data-action="schedule-pause" data-schedule="{name}"'
+        f"{disabled(principal, 'pause_schedule')}>Pause</button>"
+    )
+    delete = (
+        f'<button class="act danger" data-action="schedule-delete" data-schedule="{name}"'
+        f"{disabled(principal, 'delete_schedule')}>Delete</button>"
+    )
+    state = '<span class="badge paused">paused</span>' if info.paused else "active"
+    return (
+        f'<tr data-schedule="{name}"><td data-field="name">{name}</td>'
+        f'<td data-field="queue"><a href="/queues/{quote(info.queue, safe="")}">'
+        f"{esc(info.queue)}</a></td>"
+        f'<td data-field="job_type">{esc(info.job_type)}</td>'
+        f'<td data-field="timing">{timing}</td>'
+        f'<td data-field="catch_up">{esc(info.catch_up)}</td>'
+        f'<td data-field="state">{state}</td>'
+        f'<td data-field="next"><time>{esc(fmt_ms(info.next_ms))}</time></td>'
+        f'<td class="actions">{flow}{delete}</td></tr>'
+    )
+
+
+async def schedules_page(request: web.Request) -> web.StreamResponse:
+    principal = _principal_or_login(request)
+    service = request.app[SERVICE_KEY]
+    schedules: tuple[ScheduleInfo, ...] = await _read(service, service.list_schedules(principal))
+    rows = "".join(schedule_row(info, principal) for info in schedules)
+    table = (
+        '<table id="schedules" class="schedules"><thead><tr><th scope="col">name</th>'
+        '<th scope="col">queue</th><th scope="col">job type</th>'
+        '<th scope="col">cron (time zone) or interval</th><th scope="col">catch-up</th>'
+        '<th scope="col">state</th><th scope="col">next fire (UTC)</th>'
+        f'<th scope="col">actions</th></tr></thead><tbody>{rows}</tbody></table>'
+        if schedules
+        else '<p id="no-schedules">No schedules yet.</p>'
+    )
+    off = disabled(principal, "put_schedule")
+    catch_up = "".join(
+        f'<option value="{c}"{" selected" if c == "one" else ""}>{c}</option>'
+        for c in ("one", "none", "all")
+    )
+    form = (
+        f'<h2>New schedule</h2><form id="schedule-form" class="form"><fieldset{off}>'
+        '<label for="s-name">Name</label><input id="s-name" name="name" required>'
+        '<label for="s-queue">Queue</label><input id="s-queue" name="queue" required>'
+        '<label for="s-type">Job type</label><input id="s-type" name="job_type" required>'
+        '<label for="s-cron">Cron (5 fields; or an interval below)</label>'
+        '<input id="s-cron" name="cron" placeholder="*/5 * * * *">'
+        '<label for="s-tz">Time zone of the cron (IANA)</label>'
+        '<input id="s-tz" name="timezone" value="UTC">'
+        '<label for="s-every">Or every (ms)</label>'
+        '<input id="s-every" name="every_ms" type="number" min="1">'
+        '<label for="s-kind">Payload as</label><select id="s-kind" name="kind">'
+        '<option value="text">text</option><option value="json">JSON</option>'
+        '<option value="base64">base64</option></select>'
+        '<label for="s-payload">Payload (empty: none)</label>'
+        '<textarea id="s-payload" name="payload" rows="4"></textarea>'
+        '<label for="s-encoding">Encoding</label>'
+        '<input id="s-encoding" name="encoding" placeholder="text/plain; charset=utf-8">'
+        '<label for="s-catch-up">Catch-up of ticks missed while down</label>'
+        f'<select id="s-catch-up" name="catch_up">{catch_up}</select>'
+        '<button type="submit">Create</button></fieldset>'
+        '<p id="schedule-result" role="alert"></p></form>'
+    )
+    return html_response(layout("Schedules", principal, table + form))
 
 
 async def enqueue_page(request: web.Request) -> web.StreamResponse:
@@ -876,6 +981,7 @@ def add_console_routes(app: web.Application, service: SeppService) -> None:
     r.add_get("/queues/{name}", queue_page)
     r.add_get("/jobs/{id}", job_page)
     r.add_get("/dead-letters", dead_letters_page)
+    r.add_get("/schedules", schedules_page)
     r.add_get("/enqueue", enqueue_page)
     r.add_get("/audit", audit_page)
     r.add_get("/search", search)

@@ -12,7 +12,7 @@ import shutil
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import aiohttp
 import pytest
@@ -223,7 +223,7 @@ async def test_a_session_expires_after_session_ttl_ms():
 
 # -- pages -----------------------------------------------------------------------------------
 
-PAGES = ("/", "/queues/q", "/dead-letters", "/enqueue", "/audit", "/login")
+PAGES = ("/", "/queues/q", "/dead-letters", "/schedules", "/enqueue", "/audit", "/login")
 
 
 async def test_every_page_has_the_strict_csp_and_no_inline_script():
@@ -316,6 +316,89 @@ async def test_history_json_is_for_a_logged_in_user_only():
         await b.login("vera", VIEWER_KEY)
         status, text, _ = await b.request("GET", "/console/history?window=60000")
         assert status == 200 and json.loads(text)["window_ms"] == 60000
+
+
+# -- schedules (issue 17) and the queue's flow control -------------------------------------------
+
+BEAT = {"queue": "q", "job_type": "tick", "every_ms": 60_000, "catch_up": "all"}
+
+
+async def test_the_schedules_page_lists_each_schedule_with_its_next_fire_time_escaped():
+    async with console_server() as b:
+        nasty = '<i>"x"&'
+        cron = {"queue": nasty, "job_type": nasty, "cron": "0 2 * * *", "timezone": "Europe/Berlin"}
+        status, body, _ = await b.api.call("PUT", f"/schedules/{quote(nasty, safe='')}", cron)
+        assert status == 201, body
+        status, body, _ = await b.api.call("PUT", "/schedules/beat", BEAT)
+        assert status == 201, body
+        status, body, _ = await b.api.call("POST", "/schedules/beat:pause")
+        assert status == 200, body
+        _status, listed, _ = await b.api.call("GET", "/schedules")
+        next_ms = {s["name"]: s["next_ms"] for s in listed["schedules"]}
+        status, text, _ = await b.request("GET", "/schedules")
+        assert status == 200
+        shown = "&lt;i&gt;&quot;x&quot;&amp;"
+        assert "<i>" not in text and text.count(shown) >= 4  # name, data-schedule, queue, type
+        rows = dict(re.findall(r'<tr data-schedule="([^"]*)">(.*?)</tr>', text))
+        assert sorted(rows) == [shown, "beat"]
+        nightly, beat = rows[shown], rows["beat"]
+        assert "<code>0 2 * * *</code> (Europe/Berlin)" in nightly and "active" in nightly
+        assert console.fmt_ms(next_ms[nasty]) in nightly
+        assert "every 60000 ms" in beat and 'class="badge paused"' in beat
+        assert console.fmt_ms(next_ms["beat"]) in beat and ">all<" in beat
+        # A paused schedule offers Resume, an active one Pause; both Delete.
+        assert 'data-action="schedule-resume" data-schedule="beat"' in beat
+        assert 'data-action="schedule-pause"' in nightly
+        assert (
+            'data-action="schedule-delete"' in beat and 'data-action="schedule-delete"' in nightly
+        )
+        assert '<a href="/schedules">Schedules</a>' in text
+
+
+async def test_the_schedules_page_without_schedules_says_so_and_offers_the_form():
+    async with console_server() as b:
+        status, text, _ = await b.request("GET", "/schedules")
+        assert status == 200
+        assert '<p id="no-schedules">No schedules yet.</p>' in text
+        assert 'id="schedules"' not in text
+        assert '<form id="schedule-form" class="form"><fieldset>' in text
+
+
+async def test_a_viewer_sees_the_schedule_controls_disabled_and_an_operator_cannot_delete():
+    async with console_server(admin__keys=KEYS_TOML) as b:
+        status, body, _ = await b.api.call("PUT", "/schedules/beat", BEAT, key=ADMIN_KEY)
+        assert status == 201, body
+        for name, key, enabled in (
+            ("vera", VIEWER_KEY, set()),
+            ("otto", OPERATOR_KEY, {"schedule-pause"}),
+            ("ada", ADMIN_KEY, {"schedule-pause", "schedule-delete"}),
+        ):
+            await b.login(name, key)
+            status, text, _ = await b.request("GET", "/schedules")
+            assert status == 200, name
+            buttons = re.findall(
+                r'<button class="act[^"]*" data-action="([^"]*)"[^>]*?( disabled)?>', text
+            )
+            assert sorted(a for a, _ in buttons) == ["schedule-delete", "schedule-pause"], name
+            assert {a for a, off in buttons if not off} == enabled, (name, buttons)
+            # Creating one is an admin's (put_schedule).
+            form_off = "<fieldset disabled>" in text.split('id="schedule-form"')[1]
+            assert form_off == (name != "ada"), name
+
+
+async def test_the_queue_page_shows_the_queues_flow_control():
+    async with console_server() as b:
+        await enqueue_native(b.api, "plain", 1)
+        _status, text, _ = await b.request("GET", "/queues/plain")
+        assert '<td data-field="max_in_flight">unlimited</td>' in text
+        assert '<td data-field="rate_limit">unlimited</td>' in text
+        assert '<td data-field="weight">1</td>' in text
+        overrides = {"max_in_flight": 5, "rate_limit_jobs": 10, "rate_limit_per_ms": 1000}
+        status, body, _ = await b.api.call("PUT", "/queues/limited", {"overrides": overrides})
+        assert status == 201, body
+        _status, text, _ = await b.request("GET", "/queues/limited")
+        assert '<td data-field="max_in_flight">5</td>' in text
+        assert '<td data-field="rate_limit">10 jobs per 1000 ms</td>' in text
 
 
 # -- payload decoding: one test per row --------------------------------------------------------

@@ -80,6 +80,20 @@ const ACTIONS = {
     ids: true,
     text: (n) => `Delete ${n} dead letter${n === 1 ? "" : "s"} of ${q}?`,
   }),
+  // The schedules page: the button names the schedule (data-schedule).
+  "schedule-pause": (s, button) => ({
+    path: `/schedules/${s}:pause`,
+    text: () => `Pause schedule ${button.dataset.schedule}? It fires no job until it is resumed.`,
+  }),
+  "schedule-resume": (s, button) => ({
+    path: `/schedules/${s}:resume`,
+    text: () => `Resume schedule ${button.dataset.schedule}? It fires again from its next tick.`,
+  }),
+  "schedule-delete": (s, button) => ({
+    method: "DELETE",
+    path: `/schedules/${s}`,
+    text: () => `Delete schedule ${button.dataset.schedule}? It fires no more jobs; the jobs it fired stay.`,
+  }),
 };
 
 function wireActions() {
@@ -91,8 +105,8 @@ function wireActions() {
   }
   for (const button of document.querySelectorAll("button.act")) {
     button.addEventListener("click", async () => {
-      const queue = encodeURIComponent(button.dataset.queue);
-      const action = ACTIONS[button.dataset.action](queue, button);
+      const target = encodeURIComponent(button.dataset.schedule ?? button.dataset.queue);
+      const action = ACTIONS[button.dataset.action](target, button);
       const ids = action.ids ? picked() : null;
       if (ids !== null && ids.length === 0) {
         flash("Select jobs first.", true);
@@ -103,7 +117,7 @@ function wireActions() {
       const body = { reason: answer.reason };
       if (ids) body.ids = ids;
       try {
-        await api("POST", action.path, body);
+        await api(action.method || "POST", action.path, body);
         window.location.reload();
       } catch (err) {
         flash(err.message, true);
@@ -275,6 +289,21 @@ function utf8Base64(text) {
   return btoa(binary);
 }
 
+// A payload {data (base64), encoding} from a form's text, read as kind "json"
+// (checked, default application/json), "text" (UTF-8) or "base64"; throws on
+// text that is not what its kind says.
+function payloadOf(kind, raw, encoding) {
+  if (kind === "json") {
+    JSON.parse(raw || "null");
+    return { data: utf8Base64(raw || "null"), encoding: encoding || "application/json" };
+  }
+  if (kind === "text") {
+    return { data: utf8Base64(raw), encoding: encoding || "text/plain; charset=utf-8" };
+  }
+  atob(raw.trim());
+  return { data: raw.trim(), encoding: encoding || "application/octet-stream" };
+}
+
 function enqueueForm() {
   const form = document.getElementById("enqueue");
   if (!form) return;
@@ -287,16 +316,7 @@ function enqueueForm() {
     const raw = String(f.get("payload"));
     const job = { job_type: String(f.get("job_type")) };
     try {
-      let encoding = String(f.get("encoding")) || null;
-      if (kind === "json") {
-        JSON.parse(raw || "null");
-        job.payload = { data: utf8Base64(raw || "null"), encoding: encoding || "application/json" };
-      } else if (kind === "text") {
-        job.payload = { data: utf8Base64(raw), encoding: encoding || "text/plain; charset=utf-8" };
-      } else {
-        atob(raw.trim());
-        job.payload = { data: raw.trim(), encoding: encoding || "application/octet-stream" };
-      }
+      job.payload = payloadOf(kind, raw, String(f.get("encoding")) || null);
       if (f.get("priority") !== "") job.priority = Number(f.get("priority"));
       if (f.get("max_attempts")) job.max_attempts = Number(f.get("max_attempts"));
       if (f.get("scheduled_at")) job.scheduled_at_ms = Date.parse(`${f.get("scheduled_at")}Z`);
@@ -325,6 +345,50 @@ function enqueueForm() {
     } catch (err) {
       result.textContent = err.message;
       result.className = "error";
+    }
+  });
+}
+
+// -- schedules -----------------------------------------------------------------------------
+
+function scheduleForm() {
+  const form = document.getElementById("schedule-form");
+  if (!form) return;
+  const result = document.getElementById("schedule-result");
+  function fail(text) {
+    result.textContent = text;
+    result.className = "error";
+  }
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const f = new FormData(form);
+    const name = String(f.get("name"));
+    const body = { queue: String(f.get("queue")), job_type: String(f.get("job_type")) };
+    try {
+      const cron = String(f.get("cron")).trim();
+      if (cron) {
+        body.cron = cron;
+        body.timezone = String(f.get("timezone")).trim() || "UTC";
+      }
+      if (f.get("every_ms")) body.every_ms = Number(f.get("every_ms"));
+      const raw = String(f.get("payload"));
+      if (raw) body.payload = payloadOf(f.get("kind"), raw, String(f.get("encoding")) || null);
+      body.catch_up = String(f.get("catch_up"));
+    } catch (err) {
+      fail(`Invalid input: ${err.message}`);
+      return;
+    }
+    // PUT creates or replaces: replacing one that is listed is asked first.
+    if (document.querySelector(`tr[data-schedule="${CSS.escape(name)}"]`)) {
+      const answer = await confirmDialog(`Replace schedule ${name}? Its definition is overwritten by this form's.`);
+      if (answer === null) return;
+      body.reason = answer.reason;
+    }
+    try {
+      await api("PUT", `/schedules/${encodeURIComponent(name)}`, body);
+      window.location.reload();
+    } catch (err) {
+      fail(err.message);
     }
   });
 }
@@ -367,4 +431,5 @@ function auditPage() {
 wireActions();
 dashboard();
 enqueueForm();
+scheduleForm();
 auditPage();
