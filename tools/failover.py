@@ -592,7 +592,9 @@ class FailoverHarness:
             target = next(s.name for s in cluster.servers if s.name != stream_leader)
             await run(cluster.stop_server, target)
             damaged = corrupt_block_file(cluster.server(target).config_path, self.rng)
-            self.corrupted = self.corrupted or damaged is not None
+            if damaged is None:
+                raise HarnessError(f"no block file of stream {STREAM} in {target}'s store")
+            self.corrupted = True
             self.say(f"  corrupted {damaged} of stopped {target}")
             started = wall()
             await run(cluster.restart, target)
@@ -748,7 +750,7 @@ def corrupt_block_file(config_path: str, rng: random.Random) -> str | None:
     """Write garbage over the middle of one block file of the log stream in the
     (stopped) server's store; the file's path, or None if it has none."""
     store = Path(config_path).parent / "jetstream"
-    blocks = sorted(store.glob(f"*/streams/{STREAM}/msgs/*.blk"))
+    blocks = sorted(store.glob(f"**/streams/{STREAM}/msgs/*.blk"))
     if not blocks:
         return None
     block = rng.choice(blocks)
