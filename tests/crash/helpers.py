@@ -116,6 +116,10 @@ def serve_once(data_dir: Path, env: dict[str, str] | None = None, timeout: float
             "127.0.0.1:0",
             "--data-dir",
             str(data_dir),
+            # No admin listener: its default port may be taken on a shared
+            # machine, and that refusal would hide the one under test.
+            "--admin-listen",
+            "off",
         ],
         capture_output=True,
         timeout=timeout,
