@@ -58,9 +58,12 @@ log = logging.getLogger("sepp.cluster")
 
 # A batch message at most this long (JetStream's default max payload is 1 MiB;
 # the envelope adds under 64 bytes). A group commit over it is split at record
-# boundaries; a single record over it still goes alone (the backend refuses it
-# if it is over the server's limit: keep payload limits below).
+# boundaries; a single record cannot be over it (RECORD_BYTES_MAX: the engine
+# refuses such a command up front).
 BATCH_BYTES_MAX = 1024 * 1024 - 1024
+# The longest record a leader takes: one record alone in a batch must fit in
+# BATCH_BYTES_MAX with the batch's envelope (under 64 bytes) around it.
+RECORD_BYTES_MAX = BATCH_BYTES_MAX - 256
 # An append whose outcome is unknown: how often the tail is read before giving
 # up (each read after RESOLVE_PAUSE_S).
 RESOLVE_ATTEMPTS = 20
@@ -124,7 +127,12 @@ def new_cluster_engine(
     """An engine whose log is the replicated log (no local files: snapshots go to
     the blob store, sepp/cluster/snapshots.py): empty, or holding `state`, the
     records up to `record_seq` applied (a snapshot)."""
-    options = StorageOptions(snapshot_every_bytes=0, snapshot_mode="inline")
+    # A record travels in one message: a larger one is refused up front (else its
+    # append would fail and the leader step down, again at every leader the
+    # client retries it with).
+    options = StorageOptions(
+        snapshot_every_bytes=0, snapshot_mode="inline", record_bytes_max=RECORD_BYTES_MAX
+    )
     writer = cast(SegmentWriter, ClusterLogWriter(record_seq))
     return Engine(
         RealFileSystem(),

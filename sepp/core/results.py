@@ -228,6 +228,12 @@ class InvalidArgument(CommandError):
 
 
 @dataclass(frozen=True, slots=True)
+class RecordTooLarge(InvalidArgument):
+    """The command's log record would exceed what one log message holds (cluster
+    mode: the replicated log's message size); nothing was done."""
+
+
+@dataclass(frozen=True, slots=True)
 class NotFound(CommandError):
     """There is no in-flight job with this id (fencing)."""
 

@@ -54,7 +54,7 @@ from sepp.core.apply import APPLY_TABLE, ApplyError
 from sepp.core.commands import Command
 from sepp.core.config import CoreConfig
 from sepp.core.decide import Decision, decide
-from sepp.core.results import CommandError
+from sepp.core.results import CommandError, RecordTooLarge
 from sepp.core.state import State
 from sepp.storage.fs import FileSystem, RealFileSystem
 from sepp.storage.recovery import (
@@ -76,6 +76,9 @@ from sepp.storage.wal import (
 )
 
 log = logging.getLogger("sepp.storage")
+
+# StorageOptions.record_bytes_max = 0: no record is too large.
+RECORD_BYTES_UNLIMITED = 1 << 62
 
 # Pause between two segment deletions of the background retention, for a segment of
 # RETENTION_PACE_BYTES or more; smaller segments pause in proportion to their size
@@ -130,6 +133,11 @@ class StorageOptions:
     snapshots_kept: int = 2
     # buffer mode: how often the group committer syncs buffered writes.
     buffer_flush_interval_ms: int = 1000
+    # A command whose log record would be longer is refused (invalid_argument)
+    # before it changes anything; 0 = no such limit (the segmented WAL takes any
+    # record). Cluster mode sets it: a record travels in one replicated-log
+    # message, whose size the log's backend caps (sepp/cluster/logengine.py).
+    record_bytes_max: int = 0
 
     def validate(self) -> None:
         if self.persist_mode not in PERSIST_MODES:
@@ -146,6 +154,8 @@ class StorageOptions:
             raise ValueError("snapshots_kept must be at least 1")
         if self.buffer_flush_interval_ms < 1:
             raise ValueError("buffer_flush_interval_ms must be at least 1")
+        if self.record_bytes_max < 0:
+            raise ValueError("record_bytes_max must not be negative")
 
 
 class Engine:
@@ -197,6 +207,7 @@ class Engine:
             mode = SNAPSHOT_FORK if fs.supports_fork and hasattr(os, "fork") else SNAPSHOT_INLINE
         self.snapshot_mode = mode
         self.stats = {"flushes": 0, "records": 0, "bytes": 0, "snapshots": 0}
+        self._record_bytes_max = options.record_bytes_max or RECORD_BYTES_UNLIMITED
         # How long the last published snapshot took, start to publish (0: none yet).
         self.snapshot_duration_s = 0.0
         # Called with (state, events) of each decided command just before they
@@ -310,6 +321,17 @@ class Engine:
             # copied on the event loop: the batch's write takes them as parts.
             parts = [encode_record_header_parts(seq, RECORD_KIND_COMMAND, body), *body]
             record_bytes = sum(map(len, parts))
+        if record_bytes > self._record_bytes_max:
+            # Refused before anything changed (decide changes nothing): a record
+            # the log could not take would fail its whole group commit.
+            return (
+                RecordTooLarge(
+                    f"this request's log record would be {record_bytes} bytes, over the "
+                    f"{self._record_bytes_max} bytes one log message holds: send fewer "
+                    "or smaller jobs per request"
+                ),
+                self.appended_seq,
+            )
         observer = self.observer
         if observer is not None:
             observer(state, events)

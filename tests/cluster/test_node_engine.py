@@ -13,6 +13,7 @@ import pytest
 from log_format import RECORD_KIND_COMMAND, encode_envelope, encode_record
 from sepp.cluster.batch import ChainTip, decode_batch, encode_batch
 from sepp.cluster.logengine import (
+    RECORD_BYTES_MAX,
     LogApplier,
     LogCommitter,
     LogMismatch,
@@ -26,6 +27,7 @@ from sepp.core.commands import ChangeLeader, Enqueue, NewJob
 from sepp.core.config import CoreConfig
 from sepp.core.decide import Decision
 from sepp.core.events import LeaderChanged
+from sepp.core.results import RecordTooLarge
 from sepp.storage import Engine, StorageFailed
 from tests.core.helpers import NOW
 from tests.core.test_replay import BUSY, next_time, random_command
@@ -357,3 +359,35 @@ def test_a_leader_change_changes_no_job_state(rng: random.Random) -> None:
     engine.execute(ChangeLeader(epoch=7, node_id="n1", address="h:1"), NOW)
     after = engine.state.canonical()
     assert after == before
+
+
+async def test_a_command_whose_record_would_not_fit_one_message_is_refused_up_front() -> None:
+    log = MemoryLog()
+    leader = Leader(log)
+    big = enqueue()._replace(
+        jobs=(enqueue().jobs[0]._replace(payload_data=b"x" * RECORD_BYTES_MAX),)
+    )
+    before = state_hash(leader.engine.state)
+    refused, barrier = leader.engine.execute(big, NOW)
+    assert isinstance(refused, RecordTooLarge) and refused.code == "invalid_argument"
+    assert "fewer or smaller jobs" in refused.message
+    assert barrier == leader.engine.appended_seq == 0
+    assert state_hash(leader.engine.state) == before
+    # The leader goes on: the next command is decided, appended and durable.
+    decision, barrier = leader.engine.execute(enqueue(), NOW)
+    assert isinstance(decision, Decision)
+    await leader.committer.commit_once()
+    assert leader.failures == [] and leader.durable == [barrier] and await log.last() == 1
+
+
+def test_a_single_node_engine_takes_a_record_of_any_size(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    engine = Engine.open(str(tmp_path / "data"), BUSY)
+    try:
+        three = enqueue(3)
+        big = three._replace(
+            jobs=tuple(j._replace(payload_data=b"x" * 700_000) for j in three.jobs)
+        )
+        decision, barrier = engine.execute(big, NOW)
+        assert isinstance(decision, Decision) and len(decision.events) == 3 and barrier == 1
+    finally:
+        engine.close()
