@@ -239,14 +239,19 @@ class RequestMetrics:
         self.tick = 0
 
     def count(self, method: str, outcome: str) -> None:
-        """One request of `method` answered with `outcome` (not timed)."""
+        """One request of `method` answered with `outcome` (not timed). The
+        native front inlines this (ClientConnection._handle_frame)."""
         counts = self.counts
         counts[method] = counts.get(method, 0) + 1
         if outcome != OUTCOME_OK:
-            by_code = self.refused.get(method)
-            if by_code is None:
-                by_code = self.refused[method] = {}
-            by_code[outcome] = by_code.get(outcome, 0) + 1
+            self.refuse(method, outcome)
+
+    def refuse(self, method: str, outcome: str) -> None:
+        """A counted request of `method` was answered with the error `outcome`."""
+        by_code = self.refused.get(method)
+        if by_code is None:
+            by_code = self.refused[method] = {}
+        by_code[outcome] = by_code.get(outcome, 0) + 1
 
     def observe(self, method: str, outcome: str, seconds: float) -> None:
         """One timed request: counted, and its duration observed."""

@@ -1135,8 +1135,14 @@ class ClientConnection(asyncio.Protocol):
         requests.tick = tick + 1
         if tick & REQUEST_TIMED_MASK:  # counted, not timed (metrics.REQUEST_TIMED_EVERY)
             self._dispatch_frame(frame)
-            if self.method is not None:
-                requests.count(self.method, self.outcome)
+            method = self.method
+            if method is not None:
+                # RequestMetrics.count, inlined: seven requests in eight pass here.
+                counts = requests.counts
+                counts[method] = counts.get(method, 0) + 1
+                outcome = self.outcome
+                if outcome != perr.OK:
+                    requests.refuse(method, outcome)
             return
         started = perf_counter()
         self._dispatch_frame(frame)
