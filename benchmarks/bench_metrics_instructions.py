@@ -29,13 +29,17 @@ would mostly measure that. So each round runs every variant six times:
 
 - four on a server whose GC refreeze is stretched past the run
   (benchmarks/serve_stretched.py: under load its sweep costs what the heap of
-  jobs in flight costs, so it would tie the per-job figure to the run's length):
-  idle for two lengths of time, and the lean load generator's enqueue-then-drain
-  of two job counts (50 connections; a job is enqueue + reserve + ack), fitted to
+  jobs in flight costs, so it would tie the per-job figure to the run's length)
+  and with no observer (the request counters still run when the admin listener
+  is on; the observer's allocations would drive the collector's full scans of a
+  heap the stretched refreeze no longer freezes): idle for two lengths of time,
+  and the lean load generator's enqueue-then-drain of two job counts (50
+  connections; a job is enqueue + reserve + ack), fitted to
       instructions = start-up and shutdown + per_job x jobs + per_second x seconds
   (seconds: from the server listening to the stop signal; least squares);
-- two on the ordinary server, idle for the two lengths: their slope is what a
-  second of an idle server costs, refreeze and observer included.
+- two on the ordinary server with the observer (for "on"), idle for the two
+  lengths: their slope is what a second of an idle server costs, refreeze, the
+  /events snapshot and the /metrics render included.
 
 The verdict is the cost per job of a server at a given full-speed rate (--rate,
 jobs/s, the wall-clock benchmark's figure for this machine): per_job + (a second
@@ -70,6 +74,7 @@ def counted_run(
     out_dir: str,
     server_env: dict[str, str],
     stretched: bool,
+    observed: bool,
 ) -> dict[str, Any]:
     """One server under cachegrind: `jobs` through the load generator (if any),
     then `hold_s` idle. Returns its instruction count and how long it served.
@@ -99,7 +104,7 @@ def counted_run(
         module=("benchmarks.serve_stretched", "86400") if stretched else ("sepp.server.cli",),
     )
     serving_since = time.perf_counter()
-    observer = Observer(server.admin) if server.admin is not None else None
+    observer = Observer(server.admin) if server.admin is not None and observed else None
     result: dict[str, Any] = {"jobs": jobs, "stretched": stretched}
     try:
         if jobs:
@@ -226,12 +231,13 @@ def main() -> None:
                         out_dir,
                         server_env,
                         stretched,
+                        observed=not stretched,
                     )
                     runs[metrics_on].append(result)
                     seen = result.get("observer")
                     print(
                         f"  round {rep + 1} metrics {'on ' if metrics_on else 'off'} "
-                        f"{'refreeze stretched' if stretched else 'ordinary server  '} "
+                        f"{'refreeze stretched, unobserved' if stretched else 'ordinary, observed'} "
                         f"{jobs:>7,} jobs, {result['seconds']:5.1f} s serving: "
                         f"{result['ir']:,} instructions"
                         + (
@@ -284,14 +290,17 @@ def main() -> None:
         "\nserver instructions, fitted: total = start-up and shutdown + per job x jobs + "
         "per second x seconds serving (a job = enqueue + reserve + ack)"
     )
-    print("on = admin listener on, one /events stream open, /metrics scraped every second")
+    print(
+        "on = admin listener on (request counters kept); the ordinary idle runs with one "
+        "/events stream open and /metrics scraped every second"
+    )
     print_table(
         [
             "metrics",
             "start-up + shutdown",
             "per job",
-            "per second (no refreeze)",
-            "per second idle (ordinary)",
+            "per second (stretched, unobserved)",
+            "per second idle (ordinary, observed)",
         ]
         + [f"per job at {rate:,.0f} jobs/s" for rate in args.rate],
         rows,
