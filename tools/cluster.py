@@ -263,39 +263,13 @@ class JetStreamCluster:
     # -- process control (by PID) ----------------------------------------------
 
     def _launch(self, server: NatsServer) -> None:
-        log = open(server.log_path, "ab")  # noqa: SIM115 (the child keeps it)
-        try:
-            proc = subprocess.Popen(
-                [nats_server_binary(), "-c", server.config_path],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-        server.pid = proc.pid
-        # Popen objects are not kept: the servers outlive `up`. Reap a child of
-        # this process when it exits so that a dead server is not a zombie.
-        _children[proc.pid] = proc
+        server.pid = _spawn([nats_server_binary(), "-c", server.config_path], server.log_path)
         self.save()
 
     def _launch_sepp(self, node: SeppNode) -> None:
         Path(node.data_dir).mkdir(parents=True, exist_ok=True)
         start = Path(node.log_path).stat().st_size if Path(node.log_path).exists() else 0
-        log = open(node.log_path, "ab")  # noqa: SIM115 (the child keeps it)
-        try:
-            proc = subprocess.Popen(
-                node.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-        node.pid = proc.pid
-        _children[proc.pid] = proc
+        node.pid = _spawn(node.command(), node.log_path)
         self.save()
         node_start[node.name] = start
 
@@ -454,6 +428,28 @@ class JetStreamCluster:
 
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _spawn(command: list[str], log_path: str) -> int:
+    """Start `command` in its own session, its output appended to `log_path`;
+    its PID. Popen objects are not kept by the caller (the processes outlive
+    `up`): a child of this process is reaped when it exits, so that a dead one is
+    not a zombie."""
+    log = open(log_path, "ab")  # noqa: SIM115 (the child keeps it)
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+    _children[proc.pid] = proc
+    return proc.pid
+
+
 # The exit codes of children reaped (by PID).
 exit_codes: dict[int, int] = {}
 # Where each sepp node's log stood when it was last started (its listening line
