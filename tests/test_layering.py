@@ -145,6 +145,12 @@ FILE_RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("log_format", "sepp.core", "sepp.storage", "tools", "sepp.client", "sepp.protocol"),
         ("sepp.server",),
     ),
+    # The failover harness (issue 19) is a client of real `sepp serve --cluster`
+    # processes, like the crash harness: the client library, never the server.
+    "tools/failover.py": (
+        ("sepp.client", "tools"),
+        ("sepp.server", "sepp.core", "sepp.storage", "sepp.cluster"),
+    ),
     # The service layer (ARCHITECTURE.md, "Front ends and the service layer"): every
     # front end may import it; it imports no front end, no wire translation, no
     # protocol and no wire or transport library.

@@ -81,8 +81,9 @@ from sepp.client.errors import (
     SeppError,
 )
 from sepp.client.types import ClusterInfo, EnqueueRequest, Job, Payload, ReserveOptions
-from tools import cluster as local_cluster
-from tools.crash import _in_doubt
+
+from . import cluster as local_cluster
+from .crash import _in_doubt
 
 QUEUE = "failover"
 STREAM = "sepp"
