@@ -46,9 +46,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
+import time
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +91,11 @@ READ_CONCURRENCY = 32
 TAIL_HEARTBEAT_S = 1.0
 TAIL_STALL_S = 2.0
 TAIL_RETRY_S = 0.25
+# The connection's errors are logged one line each, repeats at most this often
+# (while no server answers, nats-py fails a reconnect four times a second).
+ERROR_LOG_INTERVAL_S = 30.0
+
+log = logging.getLogger("sepp.cluster")
 LEASE_KEY = "leader"
 # ensure_cluster_resources(): a request creating a replicated stream may take a
 # while; a cluster still electing is asked again until the deadline.
@@ -128,6 +135,33 @@ def _unavailable(what: str, exc: BaseException) -> BackendUnavailable:
     return BackendUnavailable(f"{what}: {type(exc).__name__}: {exc}")
 
 
+class ConnectionLog:
+    """nats-py's connection callbacks as log lines: its default error callback
+    prints a traceback for every failed reconnect attempt. An error is one
+    warning line; repeats within ERROR_LOG_INTERVAL_S are counted, not logged,
+    and the next line says how many there were."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._logged_at: float | None = None
+        self._skipped = 0
+
+    async def error(self, exc: Exception) -> None:
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < ERROR_LOG_INTERVAL_S:
+            self._skipped += 1
+            return
+        more = f" ({self._skipped} more since the last one logged)" if self._skipped else ""
+        self._logged_at, self._skipped = now, 0
+        log.warning("nats connection: %s%s", str(exc) or type(exc).__name__, more)
+
+    async def disconnected(self) -> None:
+        log.warning("nats connection lost; reconnecting")
+
+    async def reconnected(self) -> None:
+        log.info("nats connection back")
+
+
 async def connect(urls: str | Sequence[str], **overrides: Any) -> NATS:
     """Connect with the options cluster mode needs (module docstring); keyword
     arguments override them (e.g. callbacks)."""
@@ -142,6 +176,10 @@ async def connect(urls: str | Sequence[str], **overrides: Any) -> NATS:
         "connect_timeout": 2,
         "dont_randomize": False,
     }
+    quiet = ConnectionLog()
+    options["error_cb"] = quiet.error
+    options["disconnected_cb"] = quiet.disconnected
+    options["reconnected_cb"] = quiet.reconnected
     options.update(overrides)
     try:
         return await nats.connect(**options)

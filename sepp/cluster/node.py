@@ -80,6 +80,9 @@ ROLE_STOPPED = "stopped"
 # followers, read) this often.
 LEASE_TTL_MS = 3_000
 LEASE_RENEW_MS = 1_000
+# A stopping leader waits this long for its lease's release (a planned handover
+# is then taken at once); a lease out of reach is left to lapse.
+STOP_RELEASE_WAIT_MS = 2_000
 # A follower reads the lease this many times per renewal period: a released lease
 # (a planned handover) is taken within a fraction of it.
 FOLLOWER_READS_PER_RENEWAL = 4
@@ -161,11 +164,25 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """A planned stop: step down (releasing the lease, so another node takes
-        over at once) and end the loop."""
+        over at once) and end the loop. Nothing here waits on the backend for
+        long: a stopping leader is not rebuilt as a follower (that reads the
+        snapshot store and the log, and a JetStream out of reach held SIGTERM
+        up for good), and the lease's release is waited for at most
+        STOP_RELEASE_WAIT_MS (then it is left to lapse, as after a crash)."""
         self._stopping = True
         if self.role == ROLE_LEADER:
-            await self._step_down(NotLeader("the leader is stopping", outcome_unknown=True))
+            await self._step_down(
+                NotLeader("the leader is stopping", outcome_unknown=True), rebuild=False
+            )
         await self._cancel_task()
+        release = self._release
+        if release is not None and not release.done():
+            pause = asyncio.ensure_future(self._sleep(STOP_RELEASE_WAIT_MS / 1000))
+            try:
+                await asyncio.wait([release, pause], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                pause.cancel()
+                release.cancel()
         self.role = ROLE_STOPPED
 
     async def kill(self) -> None:
@@ -429,8 +446,9 @@ class ClusterNode:
         finally:
             sleeper.cancel()
 
-    async def _step_down(self, error: BaseException) -> None:
-        """Stop serving, answer what waits, give up the lease, rebuild as a follower."""
+    async def _step_down(self, error: BaseException, *, rebuild: bool = True) -> None:
+        """Stop serving, answer what waits, give up the lease, rebuild as a
+        follower (not when the node is stopping: `rebuild` False)."""
         self.step_downs += 1
         log.warning("node %s steps down from epoch %d: %s", self.node_id, self.epoch, error)
         committer, self.committer = self.committer, None
@@ -443,7 +461,8 @@ class ClusterNode:
         if held is not None:
             # In the background: a lease out of reach must not hold up the step-down.
             self._release = asyncio.ensure_future(self._release_quietly(held))
-        await self._boot()
+        if rebuild:
+            await self._boot()
 
     async def _release_quietly(self, held: HeldLease) -> None:
         with contextlib.suppress(ReplicatedLogError):

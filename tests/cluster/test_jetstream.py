@@ -264,3 +264,22 @@ async def test_a_paused_server_is_noticed_and_appends_go_on_through_another(
             Entry(1, b"before"),
             Entry(2, b"after"),
         ]
+
+
+async def test_connection_errors_are_one_line_each_and_repeats_are_counted_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    quiet = jetstream.ConnectionLog(clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="sepp.cluster"):
+        for _ in range(40):  # ten seconds of failed reconnects, four a second
+            await quiet.error(ConnectionRefusedError(111, "Connection refused"))
+            now[0] += 0.25
+        now[0] += jetstream.ERROR_LOG_INTERVAL_S
+        await quiet.error(ConnectionRefusedError(111, "Connection refused"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "nats connection: [Errno 111] Connection refused",
+        "nats connection: [Errno 111] Connection refused (39 more since the last one logged)",
+    ]
+    assert all(r.exc_info is None for r in caplog.records)

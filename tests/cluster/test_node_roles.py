@@ -24,6 +24,7 @@ from sepp.cluster.node import (
     ROLE_FOLLOWER,
     ROLE_LEADER,
     ROLE_STOPPED,
+    STOP_RELEASE_WAIT_MS,
     ClusterNode,
     LocalServing,
 )
@@ -502,3 +503,38 @@ async def test_a_node_whose_boot_meets_an_unreachable_backend_tries_again_and_le
         assert node.failure is None
     finally:
         await node.kill()
+
+
+class HangingBlobs(MemoryBlobStore):
+    """A snapshot store that stops answering once `hang` is set (JetStream gone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang = False
+        self._never = asyncio.Event()
+
+    async def names(self) -> list[str]:
+        if self.hang:
+            await self._never.wait()
+        return await super().names()
+
+
+async def test_a_leader_stops_at_once_when_its_backend_no_longer_answers() -> None:
+    cluster = Cluster()
+    blobs = HangingBlobs()
+    for node in cluster.nodes:
+        node.blobs = blobs
+    cluster.start()
+    leader = await cluster.wait_leader()
+    blobs.hang = True
+    cluster.leases[leader.node_id].cut = True  # its release hangs too
+    stopping = asyncio.ensure_future(leader.stop())
+    await cluster.clock.advance(STOP_RELEASE_WAIT_MS + 100)
+    assert stopping.done(), "the stop waits on the backend"
+    await stopping
+    assert leader.role == ROLE_STOPPED
+    # The others take over once the lease, never released, lapses.
+    others = [n for n in cluster.nodes if n is not leader]
+    await cluster.clock.advance(LEASE_TTL_MS + 1_000)
+    assert [n.role for n in others].count(ROLE_LEADER) == 1
+    await cluster.close()
