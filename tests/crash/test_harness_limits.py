@@ -10,13 +10,13 @@ checks are sound and can fail.
 
 from __future__ import annotations
 
-import copy
 from datetime import UTC, datetime
 
 from sepp.client import Job, JobCtx, Payload
 from sepp.core import CoreConfig, QueuePolicy, Reserve, Sweep
 from sepp.core.commands import Ack, PutSchedule
-from sepp.core.state import State
+from sepp.core.state import JOB_ROW_FIELDS, State
+from sepp.core.state import Job as CoreJob
 from tests.core.helpers import Harness as CoreHarness
 from tools.crash import (
     CAP_MAX_IN_FLIGHT,
@@ -250,7 +250,9 @@ def test_the_same_tick_twice_in_the_recovered_state_is_a_violation() -> None:
     core, anchor = scheduled_state(T0 + 1_500)
     state = core.state
     original = state.jobs[fired(state)[anchor]]
-    twin = copy.copy(original)
+    # A field-by-field copy under another id (copy.copy cannot rebuild the
+    # compiled build's Job: its __new__ takes the constructor's arguments).
+    twin = CoreJob(*(getattr(original, name) for name in JOB_ROW_FIELDS))
     twin.job_id = "00000000-0000-4000-8000-00000000abcd"
     state.jobs[twin.job_id] = twin  # a second job for the same tick (a forged state)
     ledger = Ledger(Report(seed=0))
