@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api
@@ -33,6 +35,7 @@ from tools.cluster import JetStreamCluster
 # ~5 s on these machines; the issue's target for a whole failover is p99 12 s).
 FAILOVER_DEADLINE_S = 30.0
 TAIL_DEADLINE_S = 30.0
+T = TypeVar("T")
 
 
 def _names() -> jetstream.ClusterNames:
@@ -52,6 +55,25 @@ async def _connected(cluster: JetStreamCluster, **options: Any) -> AsyncIterator
         await nc.close()
 
 
+# How long a test's own JetStream admin call is tried again: on a busy machine a
+# request can time out (the client's 1 s pings declare a stalled connection dead
+# and reconnect) or meet a 503 while the cluster settles.
+ADMIN_CALL_DEADLINE_S = 30.0
+
+
+async def _admin(call: Callable[[], Awaitable[T]]) -> T:
+    """`call()` (an idempotent JetStream admin request), tried again on a timeout
+    or an unavailable answer until ADMIN_CALL_DEADLINE_S."""
+    deadline = time.monotonic() + ADMIN_CALL_DEADLINE_S
+    while True:
+        try:
+            return await call()
+        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def test_setup_creates_an_r3_file_stream_that_never_drops_and_is_idempotent(
     jetstream_cluster: JetStreamCluster,
 ) -> None:
@@ -66,17 +88,17 @@ async def test_setup_creates_an_r3_file_stream_that_never_drops_and_is_idempoten
         )
         assert await second.log.read(1, 10) == [Entry(1, b"kept")]
         js = nc.jetstream()
-        info = await js.stream_info(names.stream)
+        info = await _admin(lambda: js.stream_info(names.stream))
         assert info.config.num_replicas == 3
         assert info.config.storage == api.StorageType.FILE
         assert info.config.discard == api.DiscardPolicy.NEW
         assert info.config.max_msg_size == jetstream.MAX_MESSAGE_BYTES
         assert info.config.subjects == [names.subject]
-        kv_info = await js.stream_info(f"KV_{names.lease_bucket}")
+        kv_info = await _admin(lambda: js.stream_info(f"KV_{names.lease_bucket}"))
         assert kv_info.config.num_replicas == 3
         assert kv_info.config.max_age == pytest.approx(jetstream.LEASE_TTL_S)
         assert kv_info.config.max_msgs_per_subject == 1
-        obj_info = await js.stream_info(f"OBJ_{names.blob_bucket}")
+        obj_info = await _admin(lambda: js.stream_info(f"OBJ_{names.blob_bucket}"))
         assert obj_info.config.num_replicas == 3
 
 
@@ -98,7 +120,8 @@ async def test_an_existing_stream_that_could_lose_messages_is_refused(
     async with _connected(jetstream_cluster) as nc:
         settings: dict[str, Any] = {"num_replicas": 3, "storage": api.StorageType.FILE}
         settings.update(config)
-        await nc.jetstream().add_stream(name=names.stream, subjects=[names.subject], **settings)
+        js = nc.jetstream()
+        await _admin(lambda: js.add_stream(name=names.stream, subjects=[names.subject], **settings))
         with pytest.raises(jetstream.ClusterSetupRefused, match=named):
             await jetstream.ensure_cluster_resources(
                 nc, names, monitor_urls=jetstream_cluster.monitor_urls()
