@@ -186,7 +186,9 @@ def _sepp_config_text(monitor_urls: list[str], extra: str) -> str:
     return f'[cluster]\nmonitor_urls = "{urls}"\n{extra}'
 
 
-def _config_text(server: NatsServer, store_dir: Path, routes: list[int], sync_always: bool) -> str:
+def _config_text(
+    server: NatsServer, store_dir: Path, routes: list[int], sync_always: bool, extra: str = ""
+) -> str:
     route_urls = ", ".join(f"nats-route://127.0.0.1:{port}" for port in routes)
     sync = "  sync_interval: always\n" if sync_always else ""
     return (
@@ -205,6 +207,7 @@ def _config_text(server: NatsServer, store_dir: Path, routes: list[int], sync_al
         f"  listen: 127.0.0.1:{server.cluster_port}\n"
         f"  routes: [{route_urls}]\n"
         "}\n"
+        f"{extra}"
     )
 
 
@@ -515,10 +518,13 @@ def start_cluster(
     sync_always: bool = True,
     names: Sequence[str] = SERVER_NAMES,
     deadline_s: float = START_DEADLINE_S,
+    server_conf: str = "",
 ) -> JetStreamCluster:
     """Start one nats-server per name (routes among them, JetStream on), wait for
-    a meta leader, record everything in DIR/cluster.json. On failure every server
-    started here is stopped again."""
+    a meta leader, record everything in DIR/cluster.json. `server_conf`: more
+    top-level nats-server configuration for every server (the tests' client
+    `authorization` and `tls` blocks). On failure every server started here is
+    stopped again."""
     root = Path(directory).resolve()
     root.mkdir(parents=True, exist_ok=True)
     existing = root / CLUSTER_FILE
@@ -544,7 +550,13 @@ def start_cluster(
     routes = [s.cluster_port for s in servers]
     for server in servers:
         Path(server.config_path).write_text(
-            _config_text(server, Path(server.config_path).parent / "jetstream", routes, sync_always)
+            _config_text(
+                server,
+                Path(server.config_path).parent / "jetstream",
+                routes,
+                sync_always,
+                server_conf,
+            )
         )
     cluster = JetStreamCluster(dir=str(root), servers=servers, sync_always=sync_always)
     try:

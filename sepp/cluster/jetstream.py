@@ -27,7 +27,14 @@ Promises (beyond replog.py's):
 Connections (`connect`): `ping_interval` 1 s with 2 outstanding pings, so a server
 that is SIGSTOPped or cut off is noticed in ~2-3 s (nats-py's default, 120 s,
 left a client stuck for minutes); reconnects forever, every 0.25 s to the next
-server of the list; 2 s request timeout.
+server of the list; 2 s request timeout. `NatsCredentials` adds a user and
+password, a token or a `.creds` file, and TLS (a CA bundle, a client
+certificate; `tls://` URLs). A server refusing them while connecting (an
+"Authorization Violation", a certificate that does not verify) is
+`NatsAuthRefused` at once (nats-py would retry forever, calling only the error
+callback: nats.py issue 352); after the first connect the same
+refusal is one warning line per ERROR_LOG_INTERVAL_S while it reconnects.
+Secrets (passwords, tokens, credentials in URLs) appear in no message.
 
 The servers' fsync setting is not visible to a client account: JetStream's API
 (stream and account info) does not report it. `ensure_cluster_resources` reads
@@ -48,10 +55,12 @@ import contextlib
 import json
 import logging
 import re
+import ssl
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats
@@ -94,6 +103,8 @@ TAIL_RETRY_S = 0.25
 # The connection's errors are logged one line each, repeats at most this often
 # (while no server answers, nats-py fails a reconnect four times a second).
 ERROR_LOG_INTERVAL_S = 30.0
+# How long closing a connection whose first connect was refused may take.
+CLOSE_REFUSED_TIMEOUT_S = 2.0
 
 log = logging.getLogger("sepp.cluster")
 LEASE_KEY = "leader"
@@ -135,6 +146,89 @@ def _unavailable(what: str, exc: BaseException) -> BackendUnavailable:
     return BackendUnavailable(f"{what}: {type(exc).__name__}: {exc}")
 
 
+class NatsAuthRefused(ReplicatedLogError):
+    """The NATS servers refused this connection's credentials or TLS (an
+    authorization violation, expired or revoked credentials, a certificate that
+    does not verify): a configuration to fix, not an outage to wait out."""
+
+
+# What a NATS server says when it refuses a client's credentials (its -ERR).
+_AUTH_REFUSAL = re.compile(
+    r"authori[sz]ation violation|authentication (expired|revoked|timeout)", re.IGNORECASE
+)
+
+
+def auth_refusal(exc: BaseException) -> str | None:
+    """Why `exc` (an error nats-py reports while connecting) is a refusal of the
+    credentials or TLS, or None when it is not (a server down, a timeout)."""
+    if isinstance(exc, nats.errors.AuthorizationError):
+        return "the server refused the credentials (authorization violation)"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the server's TLS certificate does not verify ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed ({exc.reason or exc})"
+    if isinstance(exc, nats.errors.Error) and _AUTH_REFUSAL.search(str(exc)):
+        return f"the server refused the credentials ({str(exc).removeprefix('nats: ')})"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """`url` without a password or token it carries (nats://user:pass@host ->
+    nats://user:***@host; nats://token@host -> nats://***@host)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "(an unparsable URL)"
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, _ = userinfo.partition(":")
+    shown = f"{user}:***" if sep else "***"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{shown}@{hostport}"))
+
+
+@dataclass(frozen=True)
+class NatsCredentials:
+    """How the connection authenticates and encrypts ([cluster] nats_user /
+    nats_password, nats_token, creds_file, tls_*). The secrets are left out of
+    repr."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    creds_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_ca_file or self.tls_cert_file)
+
+    def options(self, servers: Sequence[str]) -> dict[str, Any]:
+        """nats.connect's keyword arguments for these credentials (a TLS context
+        when a tls_* file is set or a URL is tls://)."""
+        options: dict[str, Any] = {}
+        if self.user is not None:
+            options["user"] = self.user
+            options["password"] = self.password or ""
+        if self.token is not None:
+            options["token"] = self.token
+        if self.creds_file is not None:
+            options["user_credentials"] = self.creds_file
+        if self.tls or any(u.lower().startswith("tls://") for u in servers):
+            options["tls"] = self.tls_context()
+        return options
+
+    def tls_context(self) -> ssl.SSLContext:
+        """A client TLS context: the servers checked against `tls_ca_file` (else
+        the system's CAs), the client certificate if one is set."""
+        context = ssl.create_default_context(cafile=self.tls_ca_file)
+        if self.tls_cert_file:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
+
 class ConnectionLog:
     """nats-py's connection callbacks as log lines: its default error callback
     prints a traceback for every failed reconnect attempt. An error is one
@@ -153,6 +247,15 @@ class ConnectionLog:
             return
         more = f" ({self._skipped} more since the last one logged)" if self._skipped else ""
         self._logged_at, self._skipped = now, 0
+        refused = auth_refusal(exc)
+        if refused is not None:
+            log.warning(
+                "nats connection: %s: check [cluster] nats_user, nats_token, creds_file "
+                "and tls_*%s",
+                refused,
+                more,
+            )
+            return
         log.warning("nats connection: %s%s", str(exc) or type(exc).__name__, more)
 
     async def disconnected(self) -> None:
@@ -162,10 +265,16 @@ class ConnectionLog:
         log.info("nats connection back")
 
 
-async def connect(urls: str | Sequence[str], **overrides: Any) -> NATS:
-    """Connect with the options cluster mode needs (module docstring); keyword
-    arguments override them (e.g. callbacks)."""
+async def connect(
+    urls: str | Sequence[str], credentials: NatsCredentials | None = None, **overrides: Any
+) -> NATS:
+    """Connect with the options cluster mode needs (module docstring) and
+    `credentials`; keyword arguments override them (e.g. callbacks). Raises
+    `NatsAuthRefused` when a server refuses the credentials or TLS while
+    connecting, `BackendUnavailable` when none could be reached."""
     servers = [u.strip() for u in urls.split(",")] if isinstance(urls, str) else list(urls)
+    shown = [redact_url(u) for u in servers]
+    connecting = True  # (nats-py's own status is "disconnected" while it dials)
     options: dict[str, Any] = {
         "servers": servers,
         "ping_interval": PING_INTERVAL_S,
@@ -176,15 +285,61 @@ async def connect(urls: str | Sequence[str], **overrides: Any) -> NATS:
         "connect_timeout": 2,
         "dont_randomize": False,
     }
+    try:
+        options.update((credentials or NatsCredentials()).options(servers))
+    except (OSError, ssl.SSLError) as exc:
+        raise NatsAuthRefused(f"cannot load the NATS TLS files: {exc}") from exc
     quiet = ConnectionLog()
     options["error_cb"] = quiet.error
-    options["disconnected_cb"] = quiet.disconnected
+
+    async def disconnected() -> None:
+        if not connecting:  # (a refused first connect is closed: not "lost")
+            await quiet.disconnected()
+
+    options["disconnected_cb"] = disconnected
     options["reconnected_cb"] = quiet.reconnected
     options.update(overrides)
+    nc = NATS()
+    report = options["error_cb"]
+
+    async def error_cb(exc: Exception) -> None:
+        # While the first connect runs nats-py reports a refused CONNECT here and
+        # tries the next server, forever (max_reconnect_attempts -1): the first
+        # refusal ends it (raised out of nc.connect; the servers of one cluster
+        # share their accounts, and after a failed TLS upgrade nats-py's own
+        # retry hangs closing the old transport).
+        refused = auth_refusal(exc) if connecting else None
+        if refused is not None:
+            raise NatsAuthRefused(
+                f"the NATS servers {shown} refused sepp's connection: {refused}; "
+                "check [cluster] nats_user / nats_password, nats_token, creds_file "
+                "and tls_* against the servers' configuration"
+            )
+        await report(exc)
+
+    options["error_cb"] = error_cb
     try:
-        return await nats.connect(**options)
+        await nc.connect(**options)
+    except NatsAuthRefused:
+        await _close_refused(nc)
+        raise
+    except ModuleNotFoundError as exc:  # creds_file without the nkeys package
+        raise NatsAuthRefused(
+            f"a credentials file needs the Python package {exc.name!r}: "
+            "pip install 'sepp[cluster]' (or nkeys)"
+        ) from exc
     except (*_UNKNOWN_OUTCOME, nats.errors.NoServersError, OSError) as exc:
-        raise _unavailable(f"cannot connect to {servers}", exc) from exc
+        await _close_refused(nc)
+        raise _unavailable(f"cannot connect to {shown}", exc) from exc
+    connecting = False
+    return nc
+
+
+async def _close_refused(nc: NATS) -> None:
+    """Close a connection whose first connect failed (nats-py's close may wait
+    on a transport that never finished its TLS handshake: not for long)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), CLOSE_REFUSED_TIMEOUT_S)
 
 
 # -- the log ---------------------------------------------------------------------
@@ -513,8 +668,12 @@ class ClusterResources:
     blobs: JetStreamBlobStore
 
 
-def _fetch_varz(url: str, timeout_s: float) -> dict[str, Any]:
-    with urllib.request.urlopen(url.rstrip("/") + "/varz", timeout=timeout_s) as response:
+def _fetch_varz(
+    url: str, timeout_s: float, context: ssl.SSLContext | None = None
+) -> dict[str, Any]:
+    with urllib.request.urlopen(
+        url.rstrip("/") + "/varz", timeout=timeout_s, context=context
+    ) as response:
         data = json.loads(response.read())
     if not isinstance(data, dict):
         raise ValueError(f"/varz of {url} is not an object")
@@ -522,14 +681,17 @@ def _fetch_varz(url: str, timeout_s: float) -> dict[str, Any]:
 
 
 async def server_sync_settings(
-    monitor_urls: Sequence[str], timeout_s: float = REQUEST_TIMEOUT_S
+    monitor_urls: Sequence[str],
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    context: ssl.SSLContext | None = None,
 ) -> dict[str, bool]:
     """Each server's name -> whether JetStream fsyncs every write
-    (`sync_interval: always`), read from its monitoring endpoint's /varz."""
+    (`sync_interval: always`), read from its monitoring endpoint's /varz
+    (`context`: https monitoring URLs are checked against it)."""
     settings: dict[str, bool] = {}
     for url in monitor_urls:
         try:
-            varz = await asyncio.to_thread(_fetch_varz, url, timeout_s)
+            varz = await asyncio.to_thread(_fetch_varz, url, timeout_s, context)
         except (OSError, ValueError) as exc:
             raise ClusterSetupRefused(
                 f"cannot read the JetStream settings of {url}/varz ({exc}): cluster mode "
@@ -627,20 +789,22 @@ async def ensure_cluster_resources(
     replicas: int = REPLICAS,
     timeout_s: float = REQUEST_TIMEOUT_S,
     setup_deadline_s: float = SETUP_DEADLINE_S,
+    monitor_tls: ssl.SSLContext | None = None,
 ) -> ClusterResources:
     """Create the stream, the lease bucket and the object store if missing, then
     refuse (`ClusterSetupRefused`) unless the stream is R`replicas`, file-stored,
     without discarding limits, and every server hosting it runs with
     `sync_interval: always`. A cluster still electing its leaders (timeouts,
     "JetStream system temporarily unavailable") is asked again until
-    `setup_deadline_s`, then `BackendUnavailable`."""
+    `setup_deadline_s`, then `BackendUnavailable`. `monitor_tls`: the TLS
+    context https monitoring URLs are checked against (default the system's)."""
     js = nc.jetstream(timeout=max(timeout_s, SETUP_REQUEST_TIMEOUT_S))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + setup_deadline_s
     while True:
         try:
             kv, store = await _ensure_once(
-                js, names, monitor_urls, lease_ttl_s, replicas, timeout_s
+                js, names, monitor_urls, lease_ttl_s, replicas, timeout_s, monitor_tls
             )
             break
         except _UNKNOWN_OUTCOME as exc:
@@ -665,10 +829,11 @@ async def _ensure_once(
     lease_ttl_s: float,
     replicas: int,
     timeout_s: float,
+    monitor_tls: ssl.SSLContext | None = None,
 ) -> tuple[KeyValue, ObjectStore]:
     info = await _ensure_stream(js, names, replicas)
     check_stream(info, replicas)
-    check_sync(info, await server_sync_settings(monitor_urls, timeout_s))
+    check_sync(info, await server_sync_settings(monitor_urls, timeout_s, monitor_tls))
     try:
         kv = await js.key_value(names.lease_bucket)
     except nats.js.errors.BucketNotFoundError:

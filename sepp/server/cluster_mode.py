@@ -61,19 +61,37 @@ async def connect_backend(settings: ClusterSettings, names: Any = None) -> Clust
     own), default sepp's."""
     from sepp.cluster import jetstream
 
-    nc = await jetstream.connect(settings.nats_urls)
+    credentials = nats_credentials(settings)
+    nc = await jetstream.connect(settings.nats_urls, credentials)
     try:
         resources = await jetstream.ensure_cluster_resources(
             nc,
             names or jetstream.ClusterNames(),
             monitor_urls=settings.monitor_urls,
             lease_ttl_s=settings.lease_ttl_ms / 1000,
+            # https monitoring URLs: checked against the same CA as the servers.
+            monitor_tls=credentials.tls_context() if credentials.tls_ca_file else None,
         )
     except BaseException:
         await nc.close()
         raise
     return ClusterBackend(
         log=resources.log, lease=resources.lease, blobs=resources.blobs, closers=[nc.close]
+    )
+
+
+def nats_credentials(settings: ClusterSettings) -> Any:
+    """[cluster]'s NATS credentials and TLS files as `jetstream.NatsCredentials`."""
+    from sepp.cluster import jetstream
+
+    return jetstream.NatsCredentials(
+        user=settings.nats_user,
+        password=settings.nats_password,
+        token=settings.nats_token,
+        creds_file=settings.creds_file,
+        tls_ca_file=settings.tls_ca_file,
+        tls_cert_file=settings.tls_cert_file,
+        tls_key_file=settings.tls_key_file,
     )
 
 

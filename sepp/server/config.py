@@ -59,6 +59,15 @@ class ClusterSettings:
     lease_renew_ms: int
     snapshot_every_messages: int = 10_000
     appends_in_flight: int = 4
+    # The NATS connection's credentials and TLS (all optional; the secrets are
+    # left out of repr, and never logged or shown by server_info).
+    nats_user: str | None = None
+    nats_password: str | None = field(default=None, repr=False)
+    nats_token: str | None = field(default=None, repr=False)
+    creds_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -329,6 +338,41 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "before it (1..16; 1 = one group commit at a time)",
             1,
         ),
+        "nats_user": Key(
+            "opt_str",
+            None,
+            "user name for the NATS servers (with nats_password; docs/cluster.md, "
+            "Credentials and TLS)",
+        ),
+        "nats_password": Key(
+            "opt_str",
+            None,
+            "password of nats_user (a secret: prefer SEPP_CLUSTER__NATS_PASSWORD)",
+        ),
+        "nats_token": Key(
+            "opt_str",
+            None,
+            "token for NATS token auth, instead of a user (a secret: prefer "
+            "SEPP_CLUSTER__NATS_TOKEN)",
+        ),
+        "creds_file": Key(
+            "opt_str",
+            None,
+            "NATS credentials file (.creds: a user JWT and its nkey seed), instead of a "
+            "user or token; needs the nkeys package (the cluster extra brings it)",
+        ),
+        "tls_ca_file": Key(
+            "opt_str",
+            None,
+            "PEM CA bundle the NATS servers' certificates are checked against (TLS on; "
+            "unset with TLS = the system's CAs)",
+        ),
+        "tls_cert_file": Key(
+            "opt_str",
+            None,
+            "PEM client certificate for NATS TLS (mutual TLS); set both or neither",
+        ),
+        "tls_key_file": Key("opt_str", None, "PEM private key of tls_cert_file"),
     },
     "logging": {
         "level": Key(
@@ -488,6 +532,7 @@ class ServerConfig:
             raise ConfigError(
                 "cluster.appends_in_flight", f"must be at most {APPENDS_IN_FLIGHT_MAX}"
             )
+        _check_nats_auth(c)
         return ClusterSettings(
             nats_urls=[u.strip() for u in c["nats_urls"].split(",") if u.strip()],
             monitor_urls=[u.strip() for u in (c["monitor_urls"] or "").split(",") if u.strip()],
@@ -497,6 +542,13 @@ class ServerConfig:
             lease_renew_ms=c["lease_renew_ms"],
             snapshot_every_messages=c["snapshot_every_messages"],
             appends_in_flight=c["appends_in_flight"],
+            nats_user=c["nats_user"],
+            nats_password=c["nats_password"],
+            nats_token=c["nats_token"],
+            creds_file=c["creds_file"],
+            tls_ca_file=c["tls_ca_file"],
+            tls_cert_file=c["tls_cert_file"],
+            tls_key_file=c["tls_key_file"],
         )
 
     def storage_options(self) -> StorageOptions:
@@ -509,6 +561,34 @@ class ServerConfig:
             snapshots_kept=s["snapshots_kept"],
             buffer_flush_interval_ms=s["buffer_flush_interval_ms"],
         )
+
+
+def _check_nats_auth(c: Mapping[str, Any]) -> None:
+    """[cluster]'s NATS credentials and TLS files: one way to authenticate, pairs
+    set together, files that exist (the error names the key, never a secret)."""
+    if c["nats_password"] and not c["nats_user"]:
+        raise ConfigError("cluster.nats_password", "needs cluster.nats_user")
+    if c["nats_user"] and not c["nats_password"]:
+        raise ConfigError("cluster.nats_user", "needs cluster.nats_password")
+    ways = [
+        name
+        for name, set_ in (
+            ("nats_user", c["nats_user"]),
+            ("nats_token", c["nats_token"]),
+            ("creds_file", c["creds_file"]),
+        )
+        if set_
+    ]
+    if len(ways) > 1:
+        raise ConfigError(
+            f"cluster.{ways[1]}", f"set one of nats_user, nats_token, creds_file (also {ways[0]})"
+        )
+    if bool(c["tls_cert_file"]) != bool(c["tls_key_file"]):
+        raise ConfigError("cluster.tls_cert_file", "set tls_cert_file and tls_key_file together")
+    for name in ("creds_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+        path = c[name]
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"cluster.{name}", f"file {path} does not exist")
 
 
 def parse_listen(value: str, key: str = "server.listen_addr") -> tuple[str, int]:
