@@ -5,6 +5,10 @@ scrape time (the counters the live path keeps in `ServerMetrics`, the queue
 gauges from the state, the log and snapshot figures from the engine), and
 `render_metrics`, which adds the process metrics (ProcessCollector).
 
+In cluster mode (`service.cluster_metrics`) the node's figures too, leader or
+follower: `sepp_cluster_role`, `_epoch`, `_log_seq`, `_leader_changes_total`,
+`_apply_lag_seconds`, `_append_duration_seconds`, `_appends_in_flight`.
+
 Promises: nothing here runs on the request path; a scrape reads plain numbers on
 the loop thread, O(queues) work, and never waits for storage. Labels are bounded:
 `queue` by `ServerMetrics.queue_label` (the first QUEUE_LABELS_MAX queues, then
@@ -13,7 +17,8 @@ the loop thread, O(queues) work, and never waits for storage. Labels are bounded
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -24,7 +29,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sepp.server.metrics import RequestMetrics
-from sepp.server.pipeline import Histogram
 from sepp.server.service import SeppService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -33,6 +37,20 @@ QUEUE_STATES = ("ready", "scheduled", "inflight", "dead_letter")
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+class Histogram(Protocol):
+    """Plain counts of a histogram (sepp.server.pipeline.Histogram, and the
+    cluster node's sepp.cluster.metrics.Buckets)."""
+
+    @property
+    def bounds(self) -> Sequence[float]: ...
+    @property
+    def counts(self) -> Sequence[int]: ...
+    @property
+    def commits(self) -> int: ...
+    @property
+    def total(self) -> float: ...
 
 
 def _buckets(histogram: Histogram, count: int | None = None) -> list[tuple[str, float]]:
@@ -152,6 +170,8 @@ class SeppCollector(Collector):
         )
         ready.add_metric([], 1 if service.engine is not None and service.health().serving else 0)
         yield ready
+        if service.cluster_metrics is not None:
+            yield from _cluster(service)
         engine = service.engine
         if engine is None:
             return
@@ -236,6 +256,62 @@ class SeppCollector(Collector):
             ages.add_metric([key], oldest[key] / 1000)
         yield jobs
         yield ages
+
+
+CLUSTER_ROLES = ("leader", "follower", "candidate")
+
+
+def _cluster(
+    service: SeppService,
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+    """A cluster node's figures (sepp/cluster/metrics.py), on every node."""
+    assert service.cluster_metrics is not None
+    view = service.cluster_metrics()
+    role = GaugeMetricFamily(
+        "sepp_cluster_role",
+        "1 for this node's role in the cluster (leader, follower or candidate), 0 for the others.",
+        labels=["role"],
+    )
+    for name in CLUSTER_ROLES:
+        role.add_metric([name], 1 if view.role == name else 0)
+    yield role
+    epoch = GaugeMetricFamily(
+        "sepp_cluster_epoch", "The leader's epoch this node knows (0: none yet)."
+    )
+    epoch.add_metric([], view.epoch)
+    yield epoch
+    seq = GaugeMetricFamily(
+        "sepp_cluster_log_seq",
+        "The last message of the replicated log this node applied (a follower) or "
+        "appended (the leader).",
+    )
+    seq.add_metric([], view.log_seq)
+    yield seq
+    counts = view.counts
+    yield _counter(
+        "sepp_cluster_leader_changes",
+        "Times this node's epoch advanced since start: a new leader's record applied, or "
+        "this node taking over (the first epoch it learns is not counted).",
+        counts.leader_changes,
+    )
+    yield _histogram(
+        "sepp_cluster_apply_lag_seconds",
+        "Per log message a follower applied: from the batch's decided time (the leader's "
+        "clock) to its apply here (this node's clock; clock skew between machines "
+        "included; a node catching up counts its backlog).",
+        counts.apply_lag,
+    )
+    yield _histogram(
+        "sepp_cluster_append_duration_seconds",
+        "Per append the leader made: from its request to JetStream's acknowledgement.",
+        counts.append_duration,
+    )
+    in_flight = GaugeMetricFamily(
+        "sepp_cluster_appends_in_flight",
+        "The leader's appends sent and not yet answered (0 on a follower).",
+    )
+    in_flight.add_metric([], view.appends_in_flight)
+    yield in_flight
 
 
 def metrics_registry(service: SeppService) -> CollectorRegistry:

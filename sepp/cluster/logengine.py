@@ -35,16 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hashlib
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from log_format import RECORD_HEADER_BYTES, Corruption, Record, TornTail, scan_records
 from sepp.cluster.batch import BATCH_EPOCH_BACKWARDS, ChainTip, check_batch, encode_batch
+from sepp.cluster.metrics import Buckets
 from sepp.cluster.replog import AppendOutcomeUnknown, AppendRefused, Entry, ReplicatedLog
 from sepp.core.config import CoreConfig
 from sepp.core.state import State
@@ -281,6 +284,8 @@ class _Append:
     last_record: int
     tip: ChainTip
     task: asyncio.Task[int] | None = None
+    # When it was sent (time.monotonic()), for the append latency.
+    sent_at: float = 0.0
 
 
 class LogCommitter:
@@ -330,6 +335,7 @@ class LogCommitter:
         resolve_pause_s: float = RESOLVE_PAUSE_S,
         in_flight: int = APPENDS_IN_FLIGHT,
         pipeline_warmup: int = PIPELINE_WARMUP,
+        append_duration: Buckets | None = None,
     ) -> None:
         if not 1 <= in_flight <= APPENDS_IN_FLIGHT_MAX:
             raise ValueError(f"in_flight must be 1..{APPENDS_IN_FLIGHT_MAX}, not {in_flight}")
@@ -360,6 +366,8 @@ class LogCommitter:
         self.appends = 0
         # The most appends ever outstanding at once (tests, benchmarks).
         self.max_outstanding = 0
+        # Seconds from an append's request to its acknowledgement (/metrics).
+        self.append_duration = append_duration
 
     def bind(
         self, on_durable: Callable[[int], object], on_failure: Callable[[BaseException], object]
@@ -375,6 +383,11 @@ class LogCommitter:
     def task(self) -> asyncio.Task[None] | None:
         """The running committer (done once it failed or stopped)."""
         return self._task
+
+    @property
+    def outstanding(self) -> int:
+        """Appends sent and not yet settled (/metrics: appends in flight)."""
+        return len(self._window)
 
     def wake(self) -> None:
         self._wake.set()
@@ -466,13 +479,17 @@ class LogCommitter:
             if not self._unsent and (not take or self._take() is None):
                 return
             item = self._unsent.popleft()
+            item.sent_at = time.monotonic()
             item.task = asyncio.ensure_future(self.log.append_if(item.expected, item.message))
-            item.task.add_done_callback(self._answered)
+            item.task.add_done_callback(functools.partial(self._answered, item))
             self._window.append(item)
             self.max_outstanding = max(self.max_outstanding, len(self._window))
 
-    def _answered(self, task: asyncio.Task[int]) -> None:
+    def _answered(self, item: _Append, task: asyncio.Task[int]) -> None:
         self._wake.set()
+        durations = self.append_duration
+        if durations is not None and not task.cancelled() and task.exception() is None:
+            durations.observe(time.monotonic() - item.sent_at)
 
     def _acknowledged(self, item: _Append) -> None:
         self.tip = item.tip

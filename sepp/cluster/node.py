@@ -48,6 +48,7 @@ from sepp.cluster.logengine import (
     catch_up,
     new_cluster_engine,
 )
+from sepp.cluster.metrics import NodeMetrics
 from sepp.cluster.replog import (
     BlobStore,
     HeldLease,
@@ -149,6 +150,8 @@ class ClusterNode:
         self._stopping = False
         self._release: asyncio.Future[None] | None = None
         self.step_downs = 0
+        # /metrics: leader changes, the follower's apply lag, the append latency.
+        self.metrics = NodeMetrics()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -206,6 +209,20 @@ class ClusterNode:
         self.role = role
         if self._on_role is not None:
             self._on_role(self)
+
+    def _advance_epoch(self, epoch: int) -> None:
+        """This node learned of (or took) `epoch`: a leader change when it is
+        past an epoch it knew (metrics)."""
+        if epoch > self.epoch:
+            if self.epoch > 0:
+                self.metrics.leader_changes += 1
+            self.epoch = epoch
+
+    @property
+    def appends_in_flight_now(self) -> int:
+        """The leader's appends sent and not yet settled (0 unless leading)."""
+        committer = self.committer
+        return committer.outstanding if committer is not None else 0
 
     @property
     def log_seq(self) -> int:
@@ -265,9 +282,15 @@ class ClusterNode:
 
     async def _tail(self) -> None:
         applier = self.applier
+        lag = self.metrics.apply_lag
         async for entry in self.log.read_from(applier.log_seq + 1):
+            skipped = applier.skipped
             applier.apply(entry)
-            self.epoch = max(self.epoch, applier.tip.epoch)
+            if applier.skipped == skipped:
+                # Per message (a group commit), never per job: the decided time
+                # is the leader's clock, the apply time this node's.
+                lag.observe(max(0, self.clock_ms() - applier.tip.time_ms) / 1000)
+            self._advance_epoch(applier.tip.epoch)
             if self.snapshot_every and applier.log_seq - self.snapshot_seq >= self.snapshot_every:
                 await self._snapshot()
 
@@ -307,7 +330,7 @@ class ClusterNode:
         self.engine = new_cluster_engine(self.config, loaded.state, loaded.record_seq)
         self.applier = LogApplier(self.engine, tip=loaded.tip, log_seq=loaded.log_seq)
         self.snapshot_seq = loaded.log_seq
-        self.epoch = max(self.epoch, loaded.tip.epoch)
+        self._advance_epoch(loaded.tip.epoch)
         log.info(
             "node %s: booted from the snapshot at log message %d (record %d)",
             self.node_id,
@@ -375,6 +398,7 @@ class ClusterNode:
             on_durable=lambda seq: None,
             on_failure=lambda exc: None,
             in_flight=self.appends_in_flight,
+            append_duration=self.metrics.append_duration,
         )
         decision, _ = self.engine.execute(
             ChangeLeader(epoch=epoch, node_id=self.node_id, address=self.address),
@@ -394,7 +418,7 @@ class ClusterNode:
         self._held = held
         self._renewed_at_ms = acquired_at_ms
         self.committer = committer
-        self.epoch = epoch
+        self._advance_epoch(epoch)
         self.leader = self.address
         self._set_role(ROLE_LEADER)
         self.serving.lead(self, self.engine, committer)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sepp.cluster.logengine import LogCommitter, NotLeader, state_hash
+from sepp.cluster.metrics import ClusterMetricsView
 from sepp.cluster.node import ROLE_CANDIDATE, ROLE_LEADER, ROLE_STOPPED, ClusterNode
 from sepp.cluster.replog import BlobStore, Lease, ReplicatedLog
 from sepp.server.config import ClusterSettings
@@ -124,6 +125,18 @@ class ClusterMode:
             blobs=backend.blobs,
             snapshot_every=settings.snapshot_every_messages,
             appends_in_flight=settings.appends_in_flight,
+        )
+        server.service.cluster_metrics = self.metrics_view
+
+    def metrics_view(self) -> ClusterMetricsView:
+        """/metrics' reading of the node (sepp/admin/metrics.py renders it)."""
+        node = self.node
+        return ClusterMetricsView(
+            role=self.info()["role"],
+            epoch=node.epoch,
+            log_seq=node.log_seq,
+            appends_in_flight=node.appends_in_flight_now,
+            counts=node.metrics,
         )
 
     def info(self) -> dict[str, Any]:

@@ -362,6 +362,9 @@ class SeppService:
         self.storage_failure: BaseException | None = None
         # Damage wholly below the snapshot recovery started from (the health detail).
         self.damaged_history: list[dict[str, object]] = []
+        # Cluster mode: the node's figures for /metrics, a
+        # sepp.cluster.metrics.ClusterMetricsView (set by ClusterMode).
+        self.cluster_metrics: Callable[[], Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         keys = config.api_keys
         self._api_keys: list[bytes] | None = (

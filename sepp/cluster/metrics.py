@@ -1,0 +1,90 @@
+"""A cluster node's figures for /metrics (cluster mode, issue 19).
+
+Owns: `Buckets` (plain counts for a Prometheus histogram, the shape of
+`sepp.server.pipeline.Histogram`, which this package may not import),
+`NodeMetrics` (what the node and its committer count as they go) and
+`ClusterMetricsView` (one scrape's reading: role, epoch, log sequence, appends
+in flight, and the counts).
+
+Promises: nothing here is per job. The node observes once per log message it
+applies (a follower's apply lag) and the committer once per append (its
+latency); a scrape reads plain numbers on the loop thread.
+
+Must not import: sepp.server, prometheus_client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Upper bounds (seconds) of the buckets of the follower's apply lag: from the
+# batch's decided time (the leader's clock) to its apply here (this node's).
+APPLY_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Upper bounds (seconds) of the buckets of the leader's append latency: from the
+# append's request to JetStream's acknowledgement.
+APPEND_DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+class Buckets:
+    """Plain counts for a Prometheus histogram (loop thread only): `counts[i]`
+    observations of at most `bounds[i]` (not cumulative; the last entry is above
+    every bound), `commits` observations, `total` their sum."""
+
+    __slots__ = ("bounds", "commits", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.commits = 0
+        self.total: float = 0
+
+    def observe(self, value: float) -> None:
+        self.commits += 1
+        self.total += value
+        index = 0
+        for bound in self.bounds:
+            if value <= bound:
+                break
+            index += 1
+        self.counts[index] += 1
+
+
+@dataclass
+class NodeMetrics:
+    """Counted by the node since its start."""
+
+    # Times the node's epoch advanced: a new leader's record applied, or this
+    # node taking over (the first epoch it learns, at boot, is not counted).
+    leader_changes: int = 0
+    apply_lag: Buckets = field(default_factory=lambda: Buckets(APPLY_LAG_BUCKETS))
+    append_duration: Buckets = field(default_factory=lambda: Buckets(APPEND_DURATION_BUCKETS))
+
+
+@dataclass(frozen=True)
+class ClusterMetricsView:
+    """One scrape's reading of a node (`ClusterMode.metrics_view`)."""
+
+    # "leader", "follower" or "candidate" (as hello's cluster.role says it).
+    role: str
+    epoch: int
+    # The last log message this node applied or appended.
+    log_seq: int
+    # The leader's appends sent and not yet answered (0 on a follower).
+    appends_in_flight: int
+    counts: NodeMetrics
+
+
+ROLES = ("leader", "follower", "candidate")
