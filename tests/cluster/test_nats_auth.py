@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 
 from sepp.cluster import jetstream
@@ -493,3 +494,21 @@ async def test_a_creds_file_without_the_nkeys_package_is_a_clear_error(
         await jetstream.connect(
             f"nats://127.0.0.1:{port}", jetstream.NatsCredentials(creds_file=str(creds))
         )
+
+
+async def test_a_refusal_after_the_first_connect_is_one_warning_naming_the_credentials(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # While reconnecting (credentials revoked, a server reconfigured) nats-py
+    # reports the refusal to the error callback, four times a second.
+    now = [100.0]
+    quiet = jetstream.ConnectionLog(clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="sepp.cluster"):
+        for _ in range(8):
+            await quiet.error(nats.errors.Error("nats: 'Authorization Violation'"))
+            now[0] += 0.25
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "nats connection: the server refused the credentials ('Authorization Violation'): "
+        "check [cluster] nats_user, nats_token, creds_file and tls_*"
+    ]
