@@ -93,6 +93,9 @@ RECONNECT_WAIT_S = 0.25
 MAX_MESSAGE_BYTES = 1024 * 1024
 LEASE_TTL_S = 3.0
 REPLICAS = 3
+# How far an existing lease bucket's max age may be from this node's lease TTL
+# (the server keeps it in nanoseconds; the client reads it back as a float).
+LEASE_TTL_TOLERANCE_S = 0.001
 # read(): at most this many message gets outstanding at once.
 READ_CONCURRENCY = 32
 # read_from(): the consumer's idle heartbeat, and how long a quiet consumer may
@@ -753,6 +756,31 @@ def check_stream(info: api.StreamInfo, replicas: int = REPLICAS) -> None:
         raise ClusterSetupRefused(f"stream {config.name}: " + "; ".join(problems))
 
 
+def check_lease_bucket(info: api.StreamInfo, lease_ttl_s: float, replicas: int = REPLICAS) -> None:
+    """Refuse a lease bucket made with other settings than this node's: its max
+    age is the lease's TTL (a bucket from a node with another `lease_ttl_ms`
+    would make a lapsed lease look held, or a held one lapse, on every node),
+    and it must be file-stored R`replicas` with a history of 1."""
+    config = info.config
+    problems = []
+    ttl = config.max_age or 0.0
+    if abs(ttl - lease_ttl_s) > LEASE_TTL_TOLERANCE_S:
+        problems.append(
+            f"its max age (the lease TTL) is {ttl:g} s, this node's is {lease_ttl_s:g} s"
+        )
+    if config.num_replicas != replicas:
+        problems.append(f"it has {config.num_replicas} replicas, cluster mode needs {replicas}")
+    if config.storage != api.StorageType.FILE:
+        problems.append(f"its storage is {config.storage}, cluster mode needs file")
+    if config.max_msgs_per_subject != 1:
+        problems.append(f"its history is {config.max_msgs_per_subject}, the lease needs 1")
+    if problems:
+        raise ClusterSetupRefused(
+            f"lease bucket {config.name}: " + "; ".join(problems) + " (every node must use "
+            "the same lease settings; to change them, stop every node and delete the bucket)"
+        )
+
+
 def check_sync(info: api.StreamInfo, settings: dict[str, bool]) -> None:
     """Refuse unless every server hosting the stream says `sync_always`."""
     cluster = info.cluster
@@ -845,6 +873,7 @@ async def _ensure_once(
             storage=api.StorageType.FILE,
             direct=False,
         )
+    check_lease_bucket((await kv.status()).stream_info, lease_ttl_s, replicas)
     try:
         store = await js.object_store(names.blob_bucket)
     except nats.js.errors.BucketNotFoundError:

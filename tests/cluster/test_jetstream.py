@@ -128,6 +128,33 @@ async def test_an_existing_stream_that_could_lose_messages_is_refused(
             )
 
 
+# An existing lease bucket set up otherwise -> what the refusal names.
+REFUSED_BUCKETS = [
+    ({"ttl": 10.0}, "lease TTL\\) is 10 s, this node's is 3 s"),
+    ({"replicas": 1}, "1 replicas"),
+    ({"history": 5}, "history is 5"),
+]
+
+
+@pytest.mark.parametrize(("config", "named"), REFUSED_BUCKETS, ids=["ttl", "replicas", "history"])
+async def test_an_existing_lease_bucket_with_other_settings_is_refused(
+    jetstream_cluster: JetStreamCluster, config: dict[str, Any], named: str
+) -> None:
+    # E.g. created by a node with another lease_ttl_ms: its max age is the TTL on
+    # every node, so a node must not take it for its own.
+    names = _names()
+    async with _connected(jetstream_cluster) as nc:
+        settings: dict[str, Any] = {"history": 1, "ttl": jetstream.LEASE_TTL_S, "replicas": 3}
+        settings.update(config)
+        js = nc.jetstream()
+        await _admin(lambda: js.create_key_value(bucket=names.lease_bucket, **settings))
+        with pytest.raises(jetstream.ClusterSetupRefused, match=named) as refused:
+            await jetstream.ensure_cluster_resources(
+                nc, names, monitor_urls=jetstream_cluster.monitor_urls()
+            )
+        assert f"lease bucket KV_{names.lease_bucket}" in str(refused.value)
+
+
 async def test_servers_without_sync_interval_always_are_refused(
     lazy_jetstream_cluster: JetStreamCluster,
 ) -> None:
