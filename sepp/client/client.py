@@ -287,6 +287,28 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class _SentReserve:
+    """A reserve sent by `SeppClient._reserve_now`, its answer still to come."""
+
+    __slots__ = ("connection", "future", "opts", "order", "release", "request_id")
+
+    def __init__(
+        self,
+        connection: Connection,
+        request_id: int,
+        future: asyncio.Future[Response],
+        release: OrphanHandler,
+        opts: ReserveOptions,
+        order: str,
+    ) -> None:
+        self.connection = connection
+        self.request_id = request_id
+        self.future = future
+        self.release = release
+        self.opts = opts
+        self.order = order
+
+
 class SeppClient:
     """An async handle to one sepp server.
 
@@ -1227,6 +1249,23 @@ class SeppClient:
         its answer had already left with jobs, they are released (ready at
         once, no attempt counted).
         """
+        body, deadline, release = self._reserve_wire(opts, order)
+        with _otel.client_span("sepp.reserve"):
+            answer = await self._call(
+                OP_RESERVE,
+                body,
+                retry_safe=False,
+                timeout=deadline,
+                on_orphan=release,
+                withdrawable=True,
+            )
+        return self._reserved_jobs(answer, opts)
+
+    def _reserve_wire(
+        self, opts: ReserveOptions, order: str
+    ) -> tuple[dict[str, Any], float, OrphanHandler]:
+        """A reserve's request body, its deadline (seconds) and the handler of
+        an answer that arrives after its caller stopped waiting."""
         if not isinstance(opts, ReserveOptions):
             raise TypeError(
                 "reserve takes ReserveOptions(queues, lease_duration), e.g. "
@@ -1265,15 +1304,11 @@ class SeppClient:
             if len(self._release_handlers) >= RESERVE_TIMINGS_KEPT:
                 self._release_handlers.clear()
             self._release_handlers[worker_id] = release
-        with _otel.client_span("sepp.reserve"):
-            answer = await self._call(
-                OP_RESERVE,
-                body,
-                retry_safe=False,
-                timeout=deadline,
-                on_orphan=release,
-                withdrawable=True,
-            )
+        return body, deadline, release
+
+    def _reserved_jobs(self, answer: dict[str, Any], opts: ReserveOptions) -> list[Job] | None:
+        """The jobs of a reserve's ``ok`` answer (`UndecodableJobError` if some
+        cannot be decoded: they are leased all the same)."""
         raw_jobs = answer.get("jobs")
         if not isinstance(raw_jobs, list):
             raise MalformedResponseError("a reserve answer needs a 'jobs' array")
@@ -1294,6 +1329,51 @@ class SeppClient:
             logger.error("%s", error)
             raise error
         return jobs or None
+
+    def _reserve_now(self, opts: ReserveOptions, order: str) -> _SentReserve | None:
+        """The Worker's fast path: send a reserve during this very call (not at
+        a task's first step), so that a worker whose handlers just freed slots
+        has its next reserve on the wire before it runs the next handlers.
+        None when it cannot be sent so (no live connection, a congested one,
+        OpenTelemetry spans on): then `reserve` is the way."""
+        connection = self._connection
+        if (
+            connection is None
+            or connection.closed
+            or self._closed
+            or connection.congested
+            or _otel.api() is not None
+        ):
+            return None
+        body, deadline, release = self._reserve_wire(opts, order)
+        try:
+            request_id, future = connection.send(
+                OP_RESERVE, body, timeout=deadline, on_orphan=release, withdrawable=True
+            )
+        except SeppError:
+            return None  # nothing was sent: `reserve` reports it
+        return _SentReserve(connection, request_id, future, release, opts, order)
+
+    async def _reserve_answer(self, sent: _SentReserve) -> list[Job] | None:
+        """The outcome of a `_reserve_now`, as `reserve` would return or raise it."""
+        try:
+            response = await sent.future
+        except asyncio.CancelledError:
+            sent.connection.abandon(sent.request_id, sent.future, sent.release)
+            raise
+        except SeppError as lost:
+            if self._failover and _timed_out(lost):
+                self._leave(sent.connection, None, "no answer in time")
+            raise
+        if response.status != OK:
+            refused = error_from_response(OP_RESERVE, response.status, response.body)
+            if self._resend(refused, False):
+                # Refused by a node that is not the leader (nothing was done):
+                # the whole path finds the leader and sends it there.
+                self._before_resend(refused, sent.connection)
+                return await self.reserve(sent.opts, order=sent.order)
+            raise refused
+        return self._reserved_jobs(response.body, sent.opts)
 
     def _release_orphaned(self, worker_id: str | None, response: Response) -> None:
         """The late answer of a reserve its caller abandoned: its jobs reached

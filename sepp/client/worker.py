@@ -57,7 +57,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from sepp.client import _convert, _otel
-from sepp.client.client import Lease, RetryDirective, SeppClient
+from sepp.client.client import Lease, RetryDirective, SeppClient, _SentReserve
 from sepp.client.errors import (
     AttemptMismatchError,
     ClientClosedError,
@@ -104,7 +104,14 @@ EARLY_EMPTY_BACKOFF_S = EARLY_EMPTY_BACKOFF.total_seconds()
 # slots freed meanwhile. With `max_jobs` set, every free slot may have a reserve
 # (up to `max_in_flight` of them, each for at most `max_jobs` jobs), so
 # `max_jobs=1` leases one job per reserve without one round trip per job.
-RESERVES_IN_FLIGHT_UNSET_MAX_JOBS = 2
+RESERVES_IN_FLIGHT_UNSET_MAX_JOBS = 3
+# A worker without `max_jobs` asks for at most this share of `max_in_flight` in
+# one reserve (a "wave"), and sends the next one the moment a wave's worth of
+# slots is free, from the handler that freed the last of them, before the other
+# wave's handlers run. Two waves take turns: the server decides and syncs one
+# while this process runs the other, instead of the two sides waiting for each
+# other in turn.
+RESERVE_WAVES = 2
 # ... but never more than this many: one connection carries them all, and a
 # server answers requests past `server.max_in_flight_per_connection` (1024 by
 # default) with resource_exhausted; acks, nacks and extends need room too.
@@ -406,8 +413,9 @@ class Worker:
     outstanding for the free slots while handlers run, and never leases more
     jobs than there are free slots (a job waiting for a slot would burn its
     lease). `max_jobs` caps the jobs of one reserve, not the jobs per round
-    trip: unset, one reserve asks for every free slot (a second may go out for
-    slots freed while it is on the wire); with ``max_jobs=1`` each free slot has
+    trip: unset, the slots are reserved in two waves of half of them each (see
+    `RESERVE_WAVES`: the server works on one wave while this process runs the
+    other); with ``max_jobs=1`` each free slot has
     its own reserve of one job in flight (up to 256), all pipelined on the
     client's connection and parked on the server side by side.
 
@@ -480,6 +488,10 @@ class Worker:
             if max_jobs is None
             else min(self._max_in_flight, RESERVES_IN_FLIGHT_MAX)
         )
+        # The most jobs one reserve asks for.
+        self._reserve_cap = (
+            -(-self._max_in_flight // RESERVE_WAVES) if max_jobs is None else max_jobs
+        )
         self._early_empty_s = min(
             EARLY_EMPTY_THRESHOLD, self._opts.wait_timeout / 2
         ).total_seconds()
@@ -503,7 +515,11 @@ class Worker:
         # The task of each job (until its ack or nack is answered).
         self._tasks: dict[asyncio.Task[None], _Running] = {}
         # Each outstanding reserve's task, with the jobs it asked for.
-        self._reserving: dict[asyncio.Task[None], int] = {}
+        # Reserve tasks: the slots each asked for, and its request when it was
+        # sent before the task's first step (`_launch`).
+        self._reserving: dict[asyncio.Task[None], tuple[int, _SentReserve | None]] = {}
+        # True while the reserve loop runs: handlers may launch reserves.
+        self._launching = False
         # The ReserveOptions of each size asked so far (at most max_in_flight).
         self._options: dict[int, ReserveOptions] = {}
         # Dead-lettering undecodable jobs, releasing surplus ones; extends.
@@ -741,16 +757,35 @@ class Worker:
         reserve still on the wire (`_asked`), so the jobs leased never outnumber
         the slots that can start them at once: a leased job waiting for a slot
         would burn its lease. Up to `_reserves_max` reserves are outstanding at
-        a time, each for ``min(free slots, max_jobs)`` jobs, so with
-        ``max_jobs=1`` a worker keeps one reserve per free slot in flight (the
-        connection pipelines them; the server parks each) instead of one round
-        trip per job, and a handler that finishes never waits for a reserve to
-        be sent. Nothing here waits for an ack: each job's task sends its own.
+        a time, each for ``min(free slots, cap)`` jobs (`_reserve_cap`: `max_jobs`,
+        or unset a wave, half of the slots), so with ``max_jobs=1`` a worker
+        keeps one reserve per free slot in flight (the connection pipelines
+        them; the server parks each) instead of one round trip per job, and a
+        handler that finishes never waits for a reserve to be sent. In waves,
+        the reserve for a wave's freed slots is sent by `_handler_done` itself;
+        this loop tops up what is left (slots short of a wave only while no
+        reserve is out). Nothing here waits for an ack: each job's task sends
+        its own.
         """
         loop = self._loop
         wake = self._wake
         shutdown = self._shutdown
-        max_jobs = self._opts.max_jobs
+        cap = self._reserve_cap
+        waves = self._opts.max_jobs is None
+        self._launching = True
+        try:
+            await self._reserve_loop_body(loop, wake, shutdown, cap, waves)
+        finally:
+            self._launching = False
+
+    async def _reserve_loop_body(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        wake: asyncio.Event,
+        shutdown: ShutdownHandle,
+        cap: int,
+        waves: bool,
+    ) -> None:
         while not shutdown.is_shutdown and self._stop_error is None:
             pause = self._paused_until - loop.time()
             if pause > 0:
@@ -762,23 +797,35 @@ class Worker:
                         await wake.wait()
                 continue
             free = self._max_in_flight - self._in_flight - self._asked
-            if free <= 0 or len(self._reserving) >= self._reserves_max:
+            if (
+                free <= 0
+                or len(self._reserving) >= self._reserves_max
+                or (waves and free < cap and self._reserving)
+            ):
+                # In waves, slots short of a wave wait for more to free up while
+                # a reserve is out (one reserve per freed slot would follow).
                 wake.clear()
                 await wake.wait()
                 continue
-            wanted = free if max_jobs is None or max_jobs > free else max_jobs
-            opts = self._options.get(wanted)
-            if opts is None:
-                opts = self._options[wanted] = dataclasses.replace(self._opts, max_jobs=wanted)
-            self._asked += wanted
-            task = loop.create_task(self._reserve(opts))
-            self._reserving[task] = wanted
+            self._launch(free if cap > free else cap)
+
+    def _launch(self, wanted: int) -> None:
+        """Start a reserve for `wanted` jobs: sent now when the client can (so
+        it is on the wire before this loop turn's other callbacks run), else at
+        its task's first step."""
+        opts = self._options.get(wanted)
+        if opts is None:
+            opts = self._options[wanted] = dataclasses.replace(self._opts, max_jobs=wanted)
+        sent = self._client._reserve_now(opts, self._order)
+        self._asked += wanted
+        task = self._loop.create_task(self._reserve(opts, sent))
+        self._reserving[task] = (wanted, sent)
 
     def _pause_reserving(self, seconds: float) -> None:
         self._paused_until = max(self._paused_until, self._loop.time() + seconds)
         self._wake.set()
 
-    async def _reserve(self, opts: ReserveOptions) -> None:
+    async def _reserve(self, opts: ReserveOptions, sent: _SentReserve | None) -> None:
         """One reserve: start a handler for each job it leased. The first job
         runs in this very task (one task per reserve answer less; with
         ``max_jobs=1`` one task per job instead of two), which from then on is
@@ -787,7 +834,7 @@ class Worker:
         if task is None:  # pragma: no cover - always run as a task
             return
         try:
-            first = await self._reserved(opts, task)
+            first = await self._reserved(opts, task, sent)
         except Exception as exc:
             # A bug on this side: log it with its traceback, keep the loop.
             logger.error("reserve task crashed: %r", exc, exc_info=exc)
@@ -798,13 +845,16 @@ class Worker:
             await self._process(*first)
 
     async def _reserved(
-        self, opts: ReserveOptions, task: asyncio.Task[None]
+        self, opts: ReserveOptions, task: asyncio.Task[None], sent: _SentReserve | None
     ) -> tuple[Job, _Running] | None:
         """Send the reserve and start its jobs; the first is adopted by `task`
         and returned, for the caller to run."""
         started = self._loop.time()
         try:
-            jobs = await self._client.reserve(opts, order=self._order)
+            if sent is None:
+                jobs = await self._client.reserve(opts, order=self._order)
+            else:
+                jobs = await self._client._reserve_answer(sent)
         except ClientClosedError as exc:
             self._stop_error = exc
             return None
@@ -860,9 +910,9 @@ class Worker:
     def _reserve_ended(self, task: asyncio.Task[None]) -> None:
         """The reserve of `task` was answered (or failed, or was cancelled): the
         slots it promised are free again. Idempotent."""
-        wanted = self._reserving.pop(task, None)
-        if wanted is not None:
-            self._asked -= wanted
+        entry = self._reserving.pop(task, None)
+        if entry is not None:
+            self._asked -= entry[0]
             self._wake.set()
 
     def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
@@ -938,6 +988,18 @@ class Worker:
         self._kept.discard(running)
         self._in_flight -= 1
         self._metrics.record_in_flight_delta(-1)
+        cap = self._reserve_cap
+        if (
+            self._launching
+            and self._max_in_flight - self._in_flight - self._asked >= cap
+            and len(self._reserving) < self._reserves_max
+            and not self._shutdown.is_shutdown
+            and self._stop_error is None
+            and self._paused_until <= self._loop.time()
+        ):
+            # A wave's worth of slots is free: its reserve leaves now, before
+            # the handlers already scheduled run (see RESERVE_WAVES).
+            self._launch(cap)
         self._wake.set()
 
     def _forget_unstarted(self) -> None:
@@ -945,6 +1007,11 @@ class Worker:
         for task in [task for task in self._tasks if task.done()]:
             self._handler_done(self._tasks.pop(task))
         for task in [task for task in self._reserving if task.done()]:
+            sent = self._reserving[task][1]
+            if sent is not None:
+                # Sent, but its task never ran: withdraw it (a job already on
+                # its way is released, not left to its lease).
+                sent.connection.abandon(sent.request_id, sent.future, sent.release)
             self._reserve_ended(task)
 
     # -- one job ---------------------------------------------------------------------------------

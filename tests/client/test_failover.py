@@ -489,24 +489,31 @@ async def test_the_sync_client_follows_a_failover(rng: random.Random) -> None:
         assert c.forwarded[:1] == ["enqueue"] and "reserve" in b.forwarded
 
 
+def start_recording_worker(
+    client: SeppClient, reserve_error_backoff: timedelta
+) -> tuple[Worker, asyncio.Task[None], list[str]]:
+    """A Worker on queue q, running, whose handler records the ids it ran."""
+    done: list[str] = []
+
+    async def handler(payload: Any, ctx: Any) -> None:
+        done.append(ctx.id)
+
+    worker = Worker(
+        client,
+        ["q"],
+        LEASE,
+        wait_timeout=timedelta(seconds=20),
+        reserve_error_backoff=reserve_error_backoff,
+    )
+    worker.handle("work", handler)
+    return worker, asyncio.create_task(worker.run()), done
+
+
 async def test_a_worker_keeps_working_across_a_failover(rng: random.Random) -> None:
     async with fake_cluster() as cluster:
         a, b, _ = cluster.nodes
         client = await SeppClient.connect(shuffled_addresses(cluster, rng))
-        done: list[str] = []
-
-        async def handler(payload: Any, ctx: Any) -> None:
-            done.append(ctx.id)
-
-        worker = Worker(
-            client,
-            ["q"],
-            LEASE,
-            wait_timeout=timedelta(seconds=20),
-            reserve_error_backoff=timedelta(milliseconds=20),
-        )
-        worker.handle("work", handler)
-        running = asyncio.create_task(worker.run())
+        worker, running, done = start_recording_worker(client, timedelta(milliseconds=20))
         try:
             for n in range(3):
                 await client.enqueue(job(key=f"before-{n}"))
@@ -524,6 +531,39 @@ async def test_a_worker_keeps_working_across_a_failover(rng: random.Random) -> N
             await asyncio.wait_for(running, 20)
             await client.close()
         assert len(set(done)) == 6
+        assert await counts(cluster) == (0, 0)
+
+
+async def test_a_workers_reserve_refused_as_not_the_leader_goes_to_the_leader(
+    rng: random.Random, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The Worker sends its reserves on the connection it has, during the call
+    # that frees the slots (SeppClient._reserve_now). A node that stopped
+    # leading refuses the next one with not_leader (nothing was done): it goes
+    # to the leader like any reserve, without a failed reserve or a backoff.
+    async with fake_cluster() as cluster:
+        a, b, _ = cluster.nodes
+        client = await SeppClient.connect(a.address)
+        worker, running, done = start_recording_worker(client, timedelta(seconds=60))
+        try:
+            await a.server.wait_until(lambda: a.forwarded.count("reserve") == 2)
+            # b leads: a withdraws the parked reserves (answered empty) and
+            # refuses what comes next.
+            cluster.elect(b)
+            await wait_until(lambda: "reserve" in a.refused, what="a reserve refused by a")
+            await b.server.wait_until(lambda: "reserve" in b.forwarded)
+            producer = await SeppClient.connect(b.address)
+            for n in range(3):
+                await producer.enqueue(job(key=f"after-{n}"))
+            await producer.close()
+            await wait_until(lambda: len(done) == 3, what="three jobs through the leader")
+            assert client.address == b.address
+        finally:
+            worker.shutdown_handle().shutdown()
+            await asyncio.wait_for(running, 20)
+            await client.close()
+        failed = [r.getMessage() for r in caplog.records if "reserve failed" in r.getMessage()]
+        assert failed == []
         assert await counts(cluster) == (0, 0)
 
 

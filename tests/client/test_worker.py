@@ -481,7 +481,7 @@ async def test_shutdown_from_another_thread_stops_the_worker(fake: FakeServer) -
         worker = new_worker(client)
         handle = worker.shutdown_handle()
         task = asyncio.ensure_future(worker.run())
-        await fake.wait_until(lambda: len(fake.queue.reserves) == 1)
+        await fake.wait_until(lambda: len(fake.queue.reserves) >= 1)
         thread = threading.Thread(target=handle.shutdown)
         thread.start()
         await task
@@ -564,7 +564,7 @@ async def test_a_closed_client_ends_run_with_client_closed(fake: FakeServer) -> 
         client = await SeppClient.connect(fake.address)
         worker = new_worker(client)
         task = asyncio.ensure_future(worker.run())
-        await fake.wait_until(lambda: len(fake.queue.reserves) == 1)
+        await fake.wait_until(lambda: len(fake.queue.reserves) >= 1)
         await client.close()
         with pytest.raises(ClientClosedError):
             await task

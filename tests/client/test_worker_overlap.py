@@ -137,6 +137,51 @@ async def test_a_reserve_never_asks_for_more_jobs_than_there_are_free_slots(
         await client.close()
 
 
+async def test_without_max_jobs_the_slots_are_reserved_in_two_waves_that_take_turns(
+    fake: FakeServer,
+) -> None:
+    # max_jobs unset, 4 slots: each reserve asks for half of them (a wave), and
+    # the reserve for a wave's freed slots leaves from the handler that freed
+    # the last of them -- before the handlers of the other wave, answered in the
+    # same moment, run. The old worker asked for all 4 slots in one reserve and
+    # sent the next one only after every handler of the answer had run, so the
+    # server idled while this process worked and the other way round.
+    slots = 4
+    events: list[str] = []
+    async with fake:
+        client = await SeppClient.connect(fake.address)
+        reserve_now = client._reserve_now
+
+        def spy(opts: ReserveOptions, order: str) -> Any:
+            events.append(f"reserve {opts.max_jobs}")
+            return reserve_now(opts, order)
+
+        client._reserve_now = spy  # type: ignore[method-assign]
+        worker = Worker(client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_in_flight=slots)
+
+        @worker.handler("t")
+        async def note(payload: Payload | None, ctx: JobCtx) -> None:
+            events.append("ran")
+
+        task = asyncio.ensure_future(worker.run())
+        # Idle: two waves parked, together asking for every slot and no more.
+        await fake.wait_until(lambda: len(fake.queue.reserves) == 2)
+        assert [r["max_jobs"] for r in fake.queue.reserves] == [2, 2]
+        # Both parked reserves are answered in the same moment.
+        fake.queue.push(*(make_job("t") for _ in range(slots)))
+        await fake.wait_until(lambda: len(fake.queue.acked) == slots)
+        await fake.wait_until(lambda: len(fake.queue.reserves) == 4)
+        worker.stop()
+        await task
+        ran = [i for i, event in enumerate(events) if event == "ran"]
+        relaunched = [i for i, event in enumerate(events) if event.startswith("reserve")][2:]
+        assert len(ran) == slots and relaunched, events
+        # The first wave's next reserve left before the other wave's last handler ran.
+        assert relaunched[0] < ran[-1], events
+        assert {r["max_jobs"] for r in fake.queue.reserves} == {2}, fake.queue.reserves
+        await client.close()
+
+
 async def test_the_next_reserve_leaves_while_the_last_ack_is_on_the_wire(
     fake: FakeServer,
 ) -> None:
