@@ -40,8 +40,7 @@ def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
 
 
 class Histogram(Protocol):
-    """Plain counts of a histogram (sepp.server.pipeline.Histogram, and the
-    cluster node's sepp.cluster.metrics.Buckets)."""
+    """Plain counts of a histogram (sepp.storage.histogram.Histogram)."""
 
     @property
     def bounds(self) -> Sequence[float]: ...
@@ -54,7 +53,7 @@ class Histogram(Protocol):
 
 
 def _buckets(histogram: Histogram, count: int | None = None) -> list[tuple[str, float]]:
-    """Prometheus' cumulative buckets of a pipeline.Histogram's plain counts
+    """Prometheus' cumulative buckets of a Histogram's plain counts
     (`count`: the observations, when `commits` does not keep them)."""
     buckets: list[tuple[str, float]] = []
     cumulative = 0

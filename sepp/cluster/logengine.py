@@ -47,12 +47,12 @@ from typing import Any, cast
 
 from log_format import RECORD_HEADER_BYTES, Corruption, Record, TornTail, scan_records
 from sepp.cluster.batch import BATCH_EPOCH_BACKWARDS, ChainTip, check_batch, encode_batch
-from sepp.cluster.metrics import Buckets
 from sepp.cluster.replog import AppendOutcomeUnknown, AppendRefused, Entry, ReplicatedLog
 from sepp.core.config import CoreConfig
 from sepp.core.state import State
 from sepp.storage import Engine, StorageFailed, StorageOptions
 from sepp.storage.fs import RealFileSystem
+from sepp.storage.histogram import Histogram
 from sepp.storage.recovery import RecoveryReport
 from sepp.storage.replay import ReplayError, replay_run
 from sepp.storage.wal import SegmentWriter
@@ -335,7 +335,7 @@ class LogCommitter:
         resolve_pause_s: float = RESOLVE_PAUSE_S,
         in_flight: int = APPENDS_IN_FLIGHT,
         pipeline_warmup: int = PIPELINE_WARMUP,
-        append_duration: Buckets | None = None,
+        append_duration: Histogram | None = None,
     ) -> None:
         if not 1 <= in_flight <= APPENDS_IN_FLIGHT_MAX:
             raise ValueError(f"in_flight must be 1..{APPENDS_IN_FLIGHT_MAX}, not {in_flight}")

@@ -1,8 +1,6 @@
 """A cluster node's figures for /metrics (cluster mode, issue 19).
 
-Owns: `Buckets` (plain counts for a Prometheus histogram, the shape of
-`sepp.server.pipeline.Histogram`, which this package may not import),
-`NodeMetrics` (what the node and its committer count as they go) and
+Owns: `NodeMetrics` (what the node and its committer count as they go) and
 `ClusterMetricsView` (one scrape's reading: role, epoch, log sequence, appends
 in flight, and the counts).
 
@@ -16,6 +14,8 @@ Must not import: sepp.server, prometheus_client.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from sepp.storage.histogram import Histogram
 
 # Upper bounds (seconds) of the buckets of the follower's apply lag: from the
 # batch's decided time (the leader's clock) to its apply here (this node's).
@@ -38,30 +38,6 @@ APPEND_DURATION_BUCKETS = (
 )
 
 
-class Buckets:
-    """Plain counts for a Prometheus histogram (loop thread only): `counts[i]`
-    observations of at most `bounds[i]` (not cumulative; the last entry is above
-    every bound), `commits` observations, `total` their sum."""
-
-    __slots__ = ("bounds", "commits", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.commits = 0
-        self.total: float = 0
-
-    def observe(self, value: float) -> None:
-        self.commits += 1
-        self.total += value
-        index = 0
-        for bound in self.bounds:
-            if value <= bound:
-                break
-            index += 1
-        self.counts[index] += 1
-
-
 @dataclass
 class NodeMetrics:
     """Counted by the node since its start."""
@@ -69,8 +45,8 @@ class NodeMetrics:
     # Times the node's epoch advanced: a new leader's record applied, or this
     # node taking over (the first epoch it learns, at boot, is not counted).
     leader_changes: int = 0
-    apply_lag: Buckets = field(default_factory=lambda: Buckets(APPLY_LAG_BUCKETS))
-    append_duration: Buckets = field(default_factory=lambda: Buckets(APPEND_DURATION_BUCKETS))
+    apply_lag: Histogram = field(default_factory=lambda: Histogram(APPLY_LAG_BUCKETS))
+    append_duration: Histogram = field(default_factory=lambda: Histogram(APPEND_DURATION_BUCKETS))
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from sepp.core.events import (
 )
 from sepp.core.results import Accepted, AtomicRejected, CommandError, EnqueueResult
 from sepp.core.state import State
-from sepp.server.pipeline import Histogram
+from sepp.storage.histogram import Histogram
 
 # sepp_request_duration_seconds' bucket bounds (s): a request's handling on the
 # loop takes microseconds; the slow end catches a loop stalled by something else.

@@ -35,6 +35,7 @@ from sepp.core.errors import ConfigError
 from sepp.core.results import CommandError
 from sepp.storage import Engine, GroupCommitter, StorageFailed
 from sepp.storage.aio import AioSync, aio_unavailable
+from sepp.storage.histogram import Histogram
 from sepp.storage.wal import PERSIST_BUFFER, PERSIST_SYNC_DATA
 
 
@@ -61,30 +62,6 @@ COMMIT_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-class Histogram:
-    """Plain counts for a Prometheus histogram (loop thread only): `counts[i]`
-    observations of at most `bounds[i]` (not cumulative; the last entry is above
-    every bound), `commits` observations, `total` their sum."""
-
-    __slots__ = ("bounds", "commits", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.commits = 0
-        self.total: float = 0
-
-    def observe(self, value: float) -> None:
-        self.commits += 1
-        self.total += value
-        index = 0
-        for bound in self.bounds:
-            if value <= bound:
-                break
-            index += 1
-        self.counts[index] += 1
 
 
 class CommitPipeline:
