@@ -44,7 +44,6 @@ import pytest
 
 from sepp.cluster import jetstream
 from sepp.core.config import ConfigError
-from sepp.server.cli import main as cli_main
 from sepp.server.server import SeppServer
 from tests.cluster.test_node_metrics import role_of, scrape, value
 from tests.inprocess import address_of, in_process_config
@@ -427,32 +426,29 @@ async def test_a_token_connects_and_a_wrong_one_is_refused(token_server: TokenSe
 
 
 def test_sepp_serve_with_a_wrong_token_says_cannot_start_and_exits_1(
-    token_server: TokenServer,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
+    token_server: TokenServer, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("SEPP_CLUSTER__NATS_TOKEN", "wrong-token")
-    code = cli_main(
+    # A real `sepp serve` process: in this process, the command's logging setup
+    # would outlive the test and write to a closed capture stream.
+    env = {**os.environ, "SEPP_CLUSTER__NATS_TOKEN": "wrong-token"}
+    proc = subprocess.run(
         [
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--admin-listen",
-            "off",
-            "--cluster",
-            token_server.url,
-            "--node-id",
-            "t1",
-        ]
-    )
-    assert code == 1
-    out, err = capfd.readouterr()
-    assert "cannot start: the NATS servers" in err
-    assert "authorization violation" in err.lower()
-    assert "wrong-token" not in out + err
+            sys.executable, "-m", "sepp.server.cli", "serve",
+            "--listen", "127.0.0.1:0",
+            "--data-dir", str(tmp_path / "data"),
+            "--admin-listen", "off",
+            "--cluster", token_server.url,
+            "--node-id", "t1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot start: the NATS servers" in proc.stderr
+    assert "authorization violation" in proc.stderr.lower()
+    assert "wrong-token" not in proc.stdout + proc.stderr
 
 
 # -- configuration -----------------------------------------------------------------------
