@@ -408,6 +408,13 @@ def test_failed_snapshot_write_leaves_the_log_working(rng: Any) -> None:
     sim = Sim(rng, inline_options(segment_bytes_max=4096), snapshot_p=0.0)
     for _ in range(5):
         sim.step()
+    # Something the snapshot must write: a seed whose steps left nothing new
+    # since the last snapshot (a recovery takes one) would write no file at all.
+    for _ in range(100):
+        if sim.engine.appended_seq > sim.engine.snapshot_seq:
+            break
+        sim.step()
+    assert sim.engine.appended_seq > sim.engine.snapshot_seq
     sim.fs.fail("write", errno.ENOSPC, path_contains="/snapshots/", times=1)
     with pytest.raises(StorageFailed, match="snapshot failed"):
         sim.engine.snapshot_now()
