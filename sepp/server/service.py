@@ -1139,7 +1139,7 @@ class SeppService:
             wait_ms = min(wait_ms, self.max_wait_ms)
             if wait_ms > 0:
                 parked = ParkedReserve(sink, command)
-                self._park(parked, wait_ms)
+                self._park(parked, wait_ms, decision.time_ms)
                 return parked
         self._answer(sink, jobs, barrier)
         return None
@@ -1190,7 +1190,7 @@ class SeppService:
         if not parked.done:
             self._unpark(parked)
 
-    def _park(self, parked: ParkedReserve, wait_ms: int) -> None:
+    def _park(self, parked: ParkedReserve, wait_ms: int, decided_ms: int) -> None:
         for queue in parked.queues:
             waiters = self._parked.get(queue)
             if waiters is None:
@@ -1198,7 +1198,7 @@ class SeppService:
             waiters.append(parked)
         assert self._loop is not None
         parked.timer = self._loop.call_later(wait_ms / 1000, self._parked_timeout, parked)
-        self._watch_rate_limits(parked.queues)
+        self._watch_rate_limits(parked.queues, decided_ms)
 
     def _parked_timeout(self, parked: ParkedReserve) -> None:
         self._finish_parked(parked, ())
@@ -1301,6 +1301,9 @@ class SeppService:
         self._wake_scheduled = False
         queues, self._wake_queued = self._wake_queued, set()
         for queue in queues:
+            # When the last reserve tried found nothing: a rate window is judged
+            # at that time, never at a later clock reading (see _watch_rate_limits).
+            decided_ms = self.now_ms()
             while not self.stopping:
                 waiters = self._parked.get(queue)
                 if not waiters:
@@ -1321,10 +1324,11 @@ class SeppService:
                 reply = decision.reply
                 assert isinstance(reply, ReserveResult)
                 if not reply.jobs:
+                    decided_ms = decision.time_ms
                     break
                 self._finish_parked(parked, reply.jobs, barrier)
             if queue in self._parked:
-                self._watch_rate_limits((queue,))
+                self._watch_rate_limits((queue,), decided_ms)
 
     # -- rate limits (issue 17) ------------------------------------------------------------------
     #
@@ -1336,17 +1340,21 @@ class SeppService:
     # little early finds no room and re-arms). One timer, whatever the number of
     # queues.
 
-    def _watch_rate_limits(self, queues: Sequence[str] | tuple[str, ...]) -> None:
+    def _watch_rate_limits(self, queues: Sequence[str] | tuple[str, ...], decided_ms: int) -> None:
+        """Arm the timer for the first of `queues`' rate windows to free, judged at
+        `decided_ms`: the time of the reserve that found no room. A later clock
+        reading could already see room (the window freed between the reserve and
+        this call), arm nothing, and leave the reserve parked until its wait ends
+        (CI, issue 17's long-poll test: answered empty after 30 s)."""
         engine = self.engine
         if engine is None or self._loop is None or self.stopping:
             return
         state = engine.state
         if not state.rate_windows:
             return  # no queue has counted a delivery under a rate limit
-        now = self.now_ms()
         best = self._rate_target
         for queue in queues:
-            at = rate_limited_until(state, queue, now)
+            at = rate_limited_until(state, queue, decided_ms)
             if at is not None and (best is None or at < best):
                 best = at
         if best is None or best == self._rate_target:
@@ -1354,7 +1362,8 @@ class SeppService:
         if self._rate_timer is not None:
             self._rate_timer.cancel()
         self._rate_target = best
-        self._rate_timer = self._loop.call_later(max(0, best - now) / 1000, self._rate_wake)
+        delay_ms = max(0, best - self.now_ms())
+        self._rate_timer = self._loop.call_later(delay_ms / 1000, self._rate_wake)
 
     def _rate_wake(self) -> None:
         self._rate_timer = None

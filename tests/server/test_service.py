@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from sepp.core.commands import NewJob
+from sepp.core.commands import Command, NewJob, Reserve
+from sepp.core.decide import Decision
 from sepp.core.results import CommandError, JobView
-from sepp.server.pipeline import CommitPipeline, resolve_sync_method
+from sepp.server.pipeline import CommitPipeline, resolve_sync_method, wall_clock_ms
 from sepp.server.service import (
     AUTH_ACCEPTED,
     AUTH_LET_IN,
@@ -33,6 +34,7 @@ from sepp.server.service import (
 from sepp.storage import Engine
 from sepp.storage.faultfs import FaultyFileSystem
 from tests.inprocess import DATA_DIR, in_process_config
+from tests.support import wait_until
 
 WAIT_S = 30  # a deadline for what must happen, never a measured bound
 LEASE_MS = 30_000
@@ -82,14 +84,25 @@ class FakeSink:
 
 
 @contextlib.asynccontextmanager
-async def running_service(**env: str) -> AsyncIterator[SeppService]:
+async def running_service(
+    *,
+    clock: Callable[[], int] = wall_clock_ms,
+    service_clock: Callable[[], int] | None = None,
+    **env: str,
+) -> AsyncIterator[SeppService]:
+    """A service on a fresh in-memory data directory. Commands are decided at
+    `clock`; the service's own readings (its timers) use `service_clock`, the
+    same clock unless a test needs them apart."""
     config = in_process_config(**env)
-    service = SeppService(config)
+    service = SeppService(config, clock=clock if service_clock is None else service_clock)
     fs = FaultyFileSystem()
     options = config.storage_options()
     engine = Engine.open(DATA_DIR, service.core_config, options, fs=fs)
     pipeline = CommitPipeline(
-        engine, backlog_max=config.get("storage", "command_queue_capacity"), on_failure=print
+        engine,
+        backlog_max=config.get("storage", "command_queue_capacity"),
+        clock=clock,
+        on_failure=print,
     )
     pipeline.start(resolve_sync_method("auto", options.persist_mode, real_fs=False))
     service.open(engine, pipeline, asyncio.get_running_loop())
@@ -120,6 +133,44 @@ async def reserve_now(service: SeppService) -> tuple[JobView, ...]:
 
 
 # -- long polls ---------------------------------------------------------------------------
+
+
+async def test_a_reserve_parked_as_its_rate_window_frees_is_served_though_the_clock_moved_on():
+    # The service reads the clock a millisecond after the reserve was decided, as
+    # a real clock may: the reserve found the window full at T + 99, the service's
+    # reading (T + 100) already sees room. Judged at that later reading, no timer
+    # was armed and the reserve stayed parked until its wait ended (CI flake of
+    # test_rate_limit.py). Neither the park nor the wake pass may judge so.
+    now = [1_800_000_000_000]
+    start = now[0]
+    async with running_service(
+        clock=lambda: now[0],
+        service_clock=lambda: now[0] + 1,
+        queues='[{name = "q", rate_limit = { jobs = 1, per_ms = 100 }}]',
+    ) as service:
+        await enqueue(service, "q")
+        second = await enqueue(service, "q")
+        (first,) = await reserve_now(service)  # counted in the window at `start`
+        decided: list[int] = []
+        run = service.run
+
+        def counting_run(command: Command) -> tuple[Decision | CommandError, int]:
+            result = run(command)
+            if isinstance(command, Reserve) and type(result[0]) is Decision:
+                decided.append(result[0].time_ms)
+            return result
+
+        service.run = counting_run  # type: ignore[method-assign]
+        now[0] = start + 99
+        sink = FakeSink()
+        assert reserve(service, sink, wait_ms=PARK_MS) is not None
+        # The park armed a timer; its wake pass found the window still full.
+        await wait_until(lambda: len(decided) >= 2, WAIT_S, "a wake pass at the rate window")
+        assert sink.calls == 0 and decided[:2] == [start + 99, start + 99]
+        now[0] = start + 100  # the window frees: only a timer can serve the reserve now
+        (job,) = await sink.answer()
+        assert first.job_id != second
+        assert (job.job_id, job.attempt) == (second, 1)
 
 
 async def test_a_parked_reserve_is_finished_with_the_job_an_enqueue_made_ready():
