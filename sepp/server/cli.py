@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from sepp._version import __version__
 from sepp.cluster.replog import ReplicatedLogError
 from sepp.core.config import ConfigError
+from sepp.server.allocator import allocator_in_use, use_allocator
 from sepp.server.config import example_config, load_config, load_tls_context
 from sepp.server.logs import setup_logging
 from sepp.server.loops import resolve_event_loop, run_on
@@ -57,6 +58,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
         return 1
+    if args.from_command_line:
+        # Before anything is opened: this may re-execute the process (allocator.py).
+        use_allocator(config.get("server", "allocator"))
     setup_logging(config.get("logging", "level"), config.get("logging", "format"))
     try:
         loop_name = resolve_event_loop(config.get("server", "event_loop"))
@@ -73,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
         return 1
+    log.info("memory allocator: %s", allocator_in_use(os.environ))
 
     async def run() -> int:
         server = SeppServer(config)
@@ -196,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Only a real command line may re-execute itself (`serve`, allocator.py);
+    # main() called in a process that is not sepp's own never does.
+    args.from_command_line = argv is None
     try:
         code: int = args.func(args)
     except BrokenPipeError:
