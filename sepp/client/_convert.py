@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from sepp.client.client import Lease
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_new_object = object.__new__
 ONE_MS = timedelta(milliseconds=1)
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -204,6 +205,15 @@ def _payload(raw: Mapping[str, Any]) -> Payload | None:
     return Payload(data, encoding)
 
 
+def _checked_payload(data: bytes, encoding: str) -> Payload:
+    """A `Payload` of values already checked to be exactly bytes and str -- all
+    `Payload.__post_init__` checks -- built without running the checks again
+    (a delivered job's payload; half the cost of `Payload(data, encoding)`)."""
+    payload: Payload = _new_object(Payload)
+    payload.__dict__.update(data=data, encoding=encoding)
+    return payload
+
+
 def _trace(raw: Mapping[str, Any]) -> TraceContext | None:
     trace = raw.get("trace_context")
     if not isinstance(trace, dict):
@@ -267,6 +277,11 @@ def job_from_wire(
         enqueued_ms = get("enqueued_at_ms")
         scheduled_ms = get("scheduled_at_ms")
         payload = get("payload")
+        pdata: Any = None
+        pencoding: Any = None
+        if type(payload) is dict:
+            pdata = payload.get("data")
+            pencoding = payload.get("encoding")
         if (
             type(job_id) is str
             and job_id
@@ -284,16 +299,11 @@ def job_from_wire(
             and (
                 scheduled_ms is None or (type(scheduled_ms) is int and scheduled_ms <= enqueued_ms)
             )
-            and (
-                payload is None
-                or (
-                    type(payload) is dict
-                    and type(payload.get("data")) is bytes
-                    and type(payload.get("encoding")) is str
-                )
-            )
+            and (payload is None or (type(pdata) is bytes and type(pencoding) is str))
         ):
-            lease_expires_at = EPOCH + timedelta(milliseconds=lease_ms)
+            # timedelta(days, seconds, microseconds, milliseconds): positional
+            # arguments are a third cheaper than the keyword (two per job).
+            lease_expires_at = EPOCH + timedelta(0, 0, 0, lease_ms)
             ctx = JobCtx(
                 job_id,
                 queue,
@@ -301,7 +311,7 @@ def job_from_wire(
                 _PRIORITIES[priority],
                 attempt,
                 max_attempts,
-                EPOCH + timedelta(milliseconds=enqueued_ms),
+                EPOCH + timedelta(0, 0, 0, enqueued_ms),
                 _custom(raw),
                 None if get("trace_context") is None else _trace(raw),
                 lease_expires_at,
@@ -309,7 +319,7 @@ def job_from_wire(
             )
             if make_lease is not None:
                 ctx._lease = make_lease(job_id, attempt, lease_expires_at, enqueued_ms)
-            return Job(None if payload is None else _payload(raw), ctx)
+            return Job(None if payload is None else _checked_payload(pdata, pencoding), ctx)
     if not isinstance(raw, dict):
         raise JobConversionError("a job must be a map")
     job_id = _field(raw, "id", str, "job")

@@ -1030,8 +1030,15 @@ class Worker:
                 try:
                     if registered is None:
                         outcome = await self._no_handler(ctx)
+                    elif registered.is_async:
+                        # Awaited here, not in a helper coroutine: one coroutine less per job.
+                        outcome = None
+                        try:
+                            await registered.fn(job.payload, ctx)  # type: ignore[misc]
+                        except Exception as exc:  # a handler's failure is data
+                            outcome = exc
                     else:
-                        outcome = await self._run_handler(registered, job)
+                        outcome = await self._run_in_thread_outcome(registered.fn, job)
                 except asyncio.CancelledError:
                     if running.lost is None:
                         # run() was cancelled, or a second signal stopped it:
@@ -1072,13 +1079,11 @@ class Worker:
             self._tasks.pop(running.task, None)
             self._handler_done(running)
 
-    async def _run_handler(self, registered: _Registered, job: Job) -> Exception | None:
-        """The handler's failure, or None if it returned."""
+    async def _run_in_thread_outcome(self, fn: Handler, job: Job) -> Exception | None:
+        """A plain ``def`` handler's failure, or None if it returned (an async
+        handler runs inline in `_process`)."""
         try:
-            if registered.is_async:
-                await registered.fn(job.payload, job.ctx)  # type: ignore[misc]
-            else:
-                await self._run_in_thread(registered.fn, job)
+            await self._run_in_thread(fn, job)
         except Exception as exc:  # a handler's failure is data: it decides the nack
             return exc
         return None
