@@ -455,3 +455,29 @@ def test_queue_stats_decode_with_optional_age() -> None:
         4,
     )
     assert stats[1].oldest_ready_age is None
+
+
+class WireMap(dict):  # type: ignore[type-arg]
+    """A map that is not exactly a dict: job_from_wire reads it field by field."""
+
+
+def test_the_usual_delivered_job_decodes_like_the_field_by_field_reading() -> None:
+    # No scheduled_at: the one-pass reading (job_from_wire's fast path), whose
+    # payload is built without re-running Payload's checks. It must give what
+    # the field-by-field reading gives, and a Payload like any other.
+    raw = make_job("send", payload=b"\x00body", encoding="b", enqueued_at_ms=1_764_500_000_123)
+    raw["lease_expires_at_ms"] = 1_764_500_030_456
+    raw["attempt"] = 1
+    fast = _convert.job_from_wire(raw)
+    slow = _convert.job_from_wire(WireMap(raw))  # not exactly a dict: field by field
+    assert fast.payload == slow.payload == Payload(b"\x00body", "b")
+    assert hash(fast.payload) == hash(Payload(b"\x00body", "b"))
+    with pytest.raises(AttributeError):
+        fast.payload.data = b"other"  # type: ignore[misc,union-attr]
+    assert (
+        fast.ctx.enqueued_at
+        == slow.ctx.enqueued_at
+        == datetime(2025, 11, 30, 10, 53, 20, 123_000, tzinfo=UTC)
+    )
+    assert fast.ctx.lease_expires_at == datetime(2025, 11, 30, 10, 53, 50, 456_000, tzinfo=UTC)
+    assert fast.ctx.scheduled_at is None
