@@ -11,14 +11,20 @@ Promises:
   sent at the next turn of the event loop (``loop.call_soon``), never after a
   timer, unless the client asked for a linger (then at most that long, and at
   once when a batch is full);
-* without a linger, a batch leaves as soon as it holds `EAGER_CALLS` calls
-  and the next one starts: the server (on another core) decides and writes the
+* without a linger, a batch leaves as soon as it holds its eager size
+  (`ENQUEUE_EAGER_CALLS` for enqueues, `EAGER_CALLS` for acks, nacks and
+  extends) and the next one starts: the server (on another core) decides and writes the
   first part while the callers of the rest are still being resumed here, and
   the parts' answers come back at different moments, so client work and server
   work (and its fsync) overlap instead of taking turns. Measured (50 concurrent
   enqueue callers, durable server on another core, bench_client, 3 runs):
   36.1k -> 45.3k jobs/s at 25, 41.6k at 32, 38.6k at 8 (more frames cost more
-  than they overlap); client CPU 9.8 -> 11.9 us per enqueue;
+  than they overlap); client CPU 9.8 -> 11.9 us per enqueue. Once the server's
+  request path got cheaper, enqueues gained from a smaller cut and settles did
+  not (pure build, 50 callers, runs interleaved): enqueues at 13 beat 25 in 10
+  of 11 pairs (100,000 jobs: median 37.4k vs 31.9k jobs/s), a Worker's acks at
+  13 lost to 25 in 3 of 3 (21k vs 26k jobs/s: each settle answer is the
+  Worker's cue to reserve again, and smaller settles make more of them);
 * a call whose caller stopped waiting before its batch left is left out;
 * order: the calls of one batch keep the order they were made in.
 
@@ -35,10 +41,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EAGER_CALLS", "Call", "Coalescer", "Outcome"]
+__all__ = ["EAGER_CALLS", "ENQUEUE_EAGER_CALLS", "Call", "Coalescer", "Outcome"]
 
-# Without a linger: a batch this long leaves at once (see the module docstring).
+# Without a linger: a batch this long leaves at once (see the module docstring);
+# settles (acks, nacks, extends) at EAGER_CALLS, enqueues at ENQUEUE_EAGER_CALLS.
 EAGER_CALLS = 25
+ENQUEUE_EAGER_CALLS = 13
 
 
 class Outcome(Protocol):
@@ -79,7 +87,7 @@ class Coalescer:
     """Collects the calls of one kind until the loop's next turn (or the linger),
     then passes them, in order, to `send`."""
 
-    __slots__ = ("_calls", "_handle", "_linger_s", "_loop", "_send", "full")
+    __slots__ = ("_calls", "_eager", "_handle", "_leave_at", "_linger_s", "_loop", "_send", "_full")
 
     def __init__(
         self,
@@ -88,15 +96,29 @@ class Coalescer:
         *,
         linger_s: float = 0.0,
         full: int = 256,
+        eager: int = EAGER_CALLS,
     ) -> None:
+        if eager < 1:
+            raise ValueError(f"eager must be at least 1, got {eager}")
         self._loop = loop
         self._send = send
         self._linger_s = linger_s
-        # With a linger: this many calls waiting are sent at once (the client
-        # keeps it at the server's batch limit).
-        self.full = full
+        self._eager = eager
         self._calls: list[Call] = []
         self._handle: asyncio.Handle | None = None
+        self.full = full
+
+    @property
+    def full(self) -> int:
+        """With a linger: this many calls waiting are sent at once (the client
+        keeps it at the server's batch limit); without one, a batch leaves at
+        the smaller of it and the eager size."""
+        return self._full
+
+    @full.setter
+    def full(self, value: int) -> None:
+        self._full = value
+        self._leave_at = value if self._linger_s > 0 else min(value, self._eager)
 
     def submit(self, call: Call) -> None:
         calls = self._calls
@@ -106,7 +128,7 @@ class Coalescer:
                 self._handle = self._loop.call_later(self._linger_s, self.flush)
             else:
                 self._handle = self._loop.call_soon(self.flush)
-        elif len(calls) >= (self.full if self._linger_s > 0 else min(self.full, EAGER_CALLS)):
+        elif len(calls) >= self._leave_at:
             self.flush()
 
     def flush(self) -> None:

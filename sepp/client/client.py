@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 
 from sepp._version import __version__
 from sepp.client import _admin, _convert, _otel
-from sepp.client._coalesce import Call, Coalescer, Outcome
+from sepp.client._coalesce import ENQUEUE_EAGER_CALLS, Call, Coalescer, Outcome
 from sepp.client._connection import Connection, Endpoint, OrphanHandler, Receiver, parse_address
 from sepp.client._retry import RetryPolicy, backoff_delays, is_transient
 from sepp.client.errors import (
@@ -878,7 +878,11 @@ class SeppClient:
                 coalescer = self._settles = Coalescer(loop, self._send_coalesced, full=limit or 1)
             else:
                 coalescer = self._enqueues = Coalescer(
-                    loop, self._send_coalesced, linger_s=self._enqueue_linger_s, full=limit or 1
+                    loop,
+                    self._send_coalesced,
+                    linger_s=self._enqueue_linger_s,
+                    full=limit or 1,
+                    eager=ENQUEUE_EAGER_CALLS,
                 )
         return coalescer
 

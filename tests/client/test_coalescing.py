@@ -34,7 +34,7 @@ from sepp.client import (
     SyncSeppClient,
     TransportError,
 )
-from sepp.client._coalesce import EAGER_CALLS
+from sepp.client._coalesce import EAGER_CALLS, ENQUEUE_EAGER_CALLS, Call, Coalescer
 from sepp.client.client import ENQUEUE_LINGER_MAX
 from sepp.protocol import Request
 from tests.client.fakeserver import DROP, FakeConnection, FakeServer, make_job
@@ -84,7 +84,7 @@ async def test_concurrent_enqueues_go_to_the_server_as_one_frame_with_results_in
 ) -> None:
     async with fake:
         client = await fake_with_limits(fake)
-        count = EAGER_CALLS
+        count = ENQUEUE_EAGER_CALLS
         acks = await asyncio.gather(
             *(client.enqueue(EnqueueRequest("q", f"t{i}")) for i in range(count))
         )
@@ -101,16 +101,54 @@ async def test_a_batch_leaves_as_soon_as_it_holds_eager_calls_and_the_next_one_s
     # The server starts on the first part while the rest are still being made.
     async with fake:
         client = await fake_with_limits(fake)
-        count = 2 * EAGER_CALLS + 10
+        count = 2 * ENQUEUE_EAGER_CALLS + 10
         acks = await asyncio.gather(
             *(client.enqueue(EnqueueRequest("q", f"t{i}")) for i in range(count))
         )
         assert [a.job_id for a in acks] == [f"id-t{i}" for i in range(count)]
         frames = fake.ops("enqueue")
-        assert [len(f.body["jobs"]) for f in frames] == [EAGER_CALLS, EAGER_CALLS, 10]
+        sizes = [len(f.body["jobs"]) for f in frames]
+        assert sizes == [ENQUEUE_EAGER_CALLS, ENQUEUE_EAGER_CALLS, 10]
         sent = [j["job_type"] for f in frames for j in f.body["jobs"]]
         assert sent == [f"t{i}" for i in range(count)]
         await client.close()
+
+
+async def test_a_coalescer_cuts_at_its_eager_size_or_at_full_whichever_is_smaller() -> None:
+    loop = asyncio.get_running_loop()
+    sent: list[list[int]] = []
+
+    def calls(n: int) -> list[Call]:
+        return [Call("ack", {"n": i}, True, 8, loop.create_future()) for i in range(n)]
+
+    def record(batch: list[Call]) -> None:
+        sent.append([c.wire["n"] for c in batch])
+
+    eager = Coalescer(loop, record, full=256, eager=3)
+    for call in calls(7):
+        eager.submit(call)
+    assert sent == [[0, 1, 2], [3, 4, 5]] and len(eager) == 1
+    await asyncio.sleep(0)  # the loop's next turn sends the rest
+    assert sent[2:] == [[6]] and len(eager) == 0
+
+    sent.clear()
+    eager.full = 2  # the server's batch limit, when it is below the eager size
+    for call in calls(5):
+        eager.submit(call)
+    assert sent == [[0, 1], [2, 3]]
+    eager.flush()
+    assert sent[2:] == [[4]]
+
+    sent.clear()
+    lingering = Coalescer(loop, record, linger_s=60.0, full=5, eager=2)
+    for call in calls(6):
+        lingering.submit(call)
+    assert sent == [[0, 1, 2, 3, 4]]  # a linger fills batches up to full
+    lingering.flush()
+    assert sent[1:] == [[5]]
+
+    with pytest.raises(ValueError, match="eager"):
+        Coalescer(loop, record, eager=0)
 
 
 async def test_a_rejected_job_raises_for_its_own_caller_only(fake: FakeServer) -> None:
