@@ -16,6 +16,17 @@ and 37 / 60 µs of server CPU per job against pymalloc's 25,857 / 16,007 and 34 
 pymalloc stays the default and `allocator = "system"` is there for deployments
 whose bursts are large next to their steady state.
 
+Measured again on 2026-12-03 (a new machine image; `--full --seed 7`, queue-churn /
+idempotency-keys, RSS idle -> after in MiB): pymalloc 34 -> 42 (queue-churn; the
+pinned arenas hold a few dozen objects each: counters rebound on every request,
+the histograms' bucket counts, two dicts the state re-created while it forgot
+queues, a timer's deadline), glibc malloc 35 -> 36 and 34 -> 35, and mimalloc 2.0.9
+(Debian libmimalloc2.0, LD_PRELOAD, PYTHONMALLOC=malloc) 39 -> 41 and 40 -> 48: as
+fast as pymalloc (bench_e2e 50/50 sync_data, two interleaved rounds, 21.0k vs 21.1k
+enqueue/s) but a larger idle size and no better after the key flood, so it is not
+offered. glibc malloc cost -2.7 % enqueue / -6.3 % drain (three interleaved rounds:
+20,455 / 13,031 against 21,020 / 13,911 jobs/s; 44 / 68 against 42 / 63 µs/job).
+
 The allocator is chosen when the interpreter starts (PYTHONMALLOC), so with
 "system" the server re-executes itself once, the same command line with
 PYTHONMALLOC=malloc, before it opens anything: same process id, same arguments, a
