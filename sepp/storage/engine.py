@@ -57,6 +57,7 @@ from sepp.core.decide import Decision, decide
 from sepp.core.results import CommandError, RecordTooLarge
 from sepp.core.state import State
 from sepp.storage.fs import FileSystem, RealFileSystem
+from sepp.storage.iopriority import set_idle_io_priority
 from sepp.storage.recovery import (
     SNAPSHOT_DIR,
     SNAPSHOT_TMP_SUFFIX,
@@ -560,8 +561,10 @@ class Engine:
                     # Only the parent holds the data directory: if it dies while
                     # this child still writes, a restart must not find it locked.
                     os.close(self._dir_lock)
-                # The log writer comes first: the snapshot takes what CPU is left.
+                # The log writer comes first: the snapshot takes what CPU and
+                # disk time are left (sepp/storage/iopriority.py).
                 os.nice(19)
+                set_idle_io_priority()
                 write_snapshot_file(self.fs, tmp, self.state, seq)
                 status = 0
             except BaseException:

@@ -34,6 +34,7 @@ from sepp.core import (
 from sepp.core.state import IN_FLIGHT, READY, SCHEDULED
 from sepp.storage import Engine, RealFileSystem, RecoveryError, StorageOptions
 from sepp.storage.faultfs import FaultyFileSystem
+from sepp.storage.iopriority import IOPRIO_CLASS_IDLE, io_priority_class
 from sepp.storage.snapshots import (
     RECORD_BYTES_BUDGET,
     SnapshotError,
@@ -353,6 +354,39 @@ def test_fork_snapshot_is_loadable_while_the_parent_keeps_executing(
     assert again.recovery_report.snapshot_seq == seq
     assert again.state.canonical() == live == history.state_at(again.appended_seq).canonical()
     again.close()
+
+
+class _PriorityRecordingFS(RealFileSystem):
+    """Writes, from whichever process creates the snapshot's temp file, that
+    process's I/O priority class and whether it is the test process."""
+
+    def __init__(self, record: str) -> None:
+        super().__init__()
+        self.record = record
+
+    def create(self, path: str) -> int:
+        if path.endswith(".tmp"):
+            with open(self.record, "w") as f:
+                f.write(f"{os.getpid()} {io_priority_class()}")
+        return super().create(path)
+
+
+@pytest.mark.skipif(io_priority_class() is None, reason="ioprio_get unknown on this platform")
+def test_the_fork_snapshot_writer_runs_in_the_idle_io_class(tmp_path: Any) -> None:
+    # Issue 13 §3: the log's syncs go before the snapshot's writes.
+    record = str(tmp_path / "priority")
+    fs = _PriorityRecordingFS(record)
+    options = StorageOptions(snapshot_mode="fork")
+    engine = Engine.open(str(tmp_path / "data"), CONFIG, options, fs=fs)
+    engine.execute(enqueue_one(0), T0)
+    own_class = io_priority_class()
+    assert engine.snapshot_now() == 1
+    engine.close()
+    with open(record) as f:
+        pid, klass = f.read().split()
+    assert int(pid) != os.getpid()  # written by the child
+    assert int(klass) == IOPRIO_CLASS_IDLE != own_class
+    assert io_priority_class() == own_class  # the server's own priority is unchanged
 
 
 # ---------------------------------------------------------------- retention
