@@ -193,6 +193,8 @@ class FaultyFileSystem:
         self._locks: set[str] = set()
         self._lock_handles: dict[int, str] = {}
         self.record_ops = False
+        # (path, offset, length) of every drop_cache call: advice, kept for tests.
+        self.cache_drops: list[tuple[str, int, int]] = []
 
     # -- helpers -------------------------------------------------------------
 
@@ -427,6 +429,11 @@ class FaultyFileSystem:
         path, inode = self._handle(handle)
         self._op("fdatasync", path)
         inode.synced()
+
+    def drop_cache(self, handle: int, offset: int, length: int) -> None:
+        # Advice only: no operation, no crash point; recorded for tests.
+        path, _inode = self._handle(handle)
+        self.cache_drops.append((path, offset, length))
 
     def close(self, handle: int) -> None:
         self._handles.pop(handle, None)

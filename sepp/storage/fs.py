@@ -17,6 +17,7 @@ Must not import: asyncio, sockets.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -135,6 +136,12 @@ class FileSystem(Protocol):
 
     def fdatasync(self, handle: int) -> None: ...
 
+    def drop_cache(self, handle: int, offset: int, length: int) -> None:
+        """Advice, after a sync: the bytes at `offset`..`offset + length` will
+        not be read again soon, so their cached pages may be freed. Never changes
+        the file and never fails."""
+        ...
+
     def close(self, handle: int) -> None: ...
 
     def truncate(self, path: str, size: int) -> None:
@@ -161,6 +168,9 @@ class FileSystem(Protocol):
     def supports_fork(self) -> bool:
         """Whether a forked child can write through this seam (real files only)."""
         ...
+
+
+_FADV_DONTNEED: int | None = getattr(os, "POSIX_FADV_DONTNEED", None)
 
 
 class DataDirLocked(OSError):
@@ -268,6 +278,15 @@ class RealFileSystem:
 
     def fdatasync(self, handle: int) -> None:
         os.fdatasync(handle)
+
+    def drop_cache(self, handle: int, offset: int, length: int) -> None:
+        # POSIX_FADV_DONTNEED frees the clean pages of the range (a synced range
+        # has no dirty ones). Only advice: an error (or no posix_fadvise, macOS)
+        # changes nothing.
+        if _FADV_DONTNEED is None or length <= 0:
+            return
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(handle, offset, length, _FADV_DONTNEED)
 
     def close(self, handle: int) -> None:
         os.close(handle)

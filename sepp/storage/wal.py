@@ -70,6 +70,10 @@ HOOK_POINTS = (
 
 # The active segment's file runs ahead of its records by up to this many zeros.
 PREALLOCATE_BYTES = 1 << 20
+# Synced log bytes are dropped from the page cache in steps of at least this many
+# (see `SegmentWriter._drop_synced_cache`); a sealed segment's rest at rotation.
+CACHE_DROP_BYTES = 1 << 20
+PAGE_BYTES = 4096
 # A zero extension failing with one of these means "no room for the zeros": the
 # records are written without them (a nearly full disk must not stop the log
 # while each record still fits).
@@ -126,6 +130,8 @@ class SegmentWriter:
         self._file_end = 0
         # False once the zeros did not fit in the active segment (until rotation).
         self._preallocate = True
+        # The active segment's synced bytes from here on may still be cached.
+        self._cache_from = 0
         self._preallocation_lost_logged = False
         if segments:
             # What recovery found may be only in the page cache: a process killed
@@ -176,6 +182,7 @@ class SegmentWriter:
         self._unsynced = False
         self._file_end = len(header)
         self._preallocate = True  # space may be back (retention, an operator)
+        self._cache_from = 0
 
     def _sync(self, handle: int) -> None:
         if self.persist_mode == PERSIST_SYNC_DATA:
@@ -193,6 +200,7 @@ class SegmentWriter:
                 self._unsynced = False
             self.synced_seq = self.segments[-1].last_seq
             self._release_preallocated()
+            self._drop_synced_cache(whole=True)
             self.fs.close(handle)
             self._handle = None
         self._open_new(next_seq)
@@ -256,16 +264,37 @@ class SegmentWriter:
             else:
                 self._file_end = end
         self._hook("wal.after_write")
-        if self.persist_mode == PERSIST_BUFFER or not sync:
-            self._unsynced = True
-        else:
+        synced = not (self.persist_mode == PERSIST_BUFFER or not sync)
+        if synced:
             self._sync(handle)
             self.synced_seq = last_seq
             self._hook("wal.after_sync")
+        else:
+            self._unsynced = True
         with self.lock:
             active.size += size
             active.last_seq = last_seq
             active.last_time_ms = last_time_ms
+        if synced:
+            self._drop_synced_cache()
+
+    def _drop_synced_cache(self, *, whole: bool = False) -> None:
+        """Let the page cache free the active segment's synced records, once at
+        least CACHE_DROP_BYTES of them are still cached (all of them if `whole`).
+        Nothing reads them back but recovery, backups and the log tools, which read
+        from the disk anyway; kept cached they only grow the page cache, and every
+        new log page then costs a fresh page: on these virtual machines a first
+        touch of memory is slow (an 8 MiB write: ~24 ms into fresh pages, ~1.2 ms
+        into reused ones; benchmarks/README.md). Call only when every record
+        written is synced. The last partial page stays cached (it is written
+        again)."""
+        handle = self._handle
+        end = self.segments[-1].size
+        start = self._cache_from
+        if handle is None or end - start < (1 if whole else CACHE_DROP_BYTES):
+            return
+        self.fs.drop_cache(handle, start, end - start)
+        self._cache_from = end - end % PAGE_BYTES
 
     def _preallocate_after(self, handle: int, path: str, end: int) -> None:
         """Write the zeros after the data end `end`, or, when they do not fit, go on
@@ -300,6 +329,7 @@ class SegmentWriter:
         """The caller synced the active segment after writing up to `last_seq`."""
         if self.segments[-1].last_seq == last_seq:
             self._unsynced = False
+            self._drop_synced_cache()
         self.synced_seq = max(self.synced_seq, last_seq)
 
     def sync(self) -> bool:
@@ -311,6 +341,7 @@ class SegmentWriter:
         self._sync(self._handle)
         self._unsynced = False
         self.synced_seq = last_seq
+        self._drop_synced_cache()
         return True
 
     def close(self) -> None:
