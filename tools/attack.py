@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import itertools
 import json
 import math
@@ -1751,6 +1752,29 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
+
+def reuse_large_buffers() -> bool:
+    """Make this process's C heap keep and reuse large buffers (glibc mallopt):
+    the attacks build frames of up to 16 MiB one after another, and glibc would
+    map each afresh. On these virtual machines a first touch of memory is slow
+    (~3 ms per MiB), so a fresh attacker throttled itself on its own page faults
+    while one that had run an earlier attack did not (snapshot-large: probe p50
+    ~3 ms alone, ~8 ms after drain-payloads). With the buffers kept, an attack is
+    as hard alone as in the suite. Whether glibc took the settings."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    kept: bool = mallopt(M_MMAP_THRESHOLD, 32 * MiB) == 1
+    trimmed: bool = mallopt(M_TRIM_THRESHOLD, 256 * MiB) == 1
+    return kept and trimmed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.attack",
@@ -1794,6 +1818,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         seed = random.SystemRandom().randrange(2**32)
     scale = "full" if args.full else "fast"
+    reuse_large_buffers()
     print(f"sepp attack: {len(names)} attack(s), --{scale}, SEPP_SEED={seed}", flush=True)
     results = []
     for name in names:
