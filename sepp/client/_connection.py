@@ -47,7 +47,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sepp.client._convert import cluster_from_wire
 from sepp.client.errors import (
@@ -240,8 +240,9 @@ class _Stream(asyncio.Protocol):
             connection._ended(self._early_end[0])
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, whatever its class: uvloop's are not subclasses of
+        # asyncio.Transport (they only have its methods).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.connection is None:
@@ -355,7 +356,8 @@ class Connection:
                     ssl=endpoint.ssl,
                     server_hostname=endpoint.server_hostname if endpoint.ssl else None,
                 )
-                assert isinstance(transport, asyncio.Transport)
+                # No isinstance check: uvloop's transports are not subclasses of
+                # asyncio.Transport.
                 connection = cls(endpoint, transport, stream, receive_bytes_max=receive_bytes_max)
                 response = await connection._exchange(OP_HELLO, hello)
         except TimeoutError:
