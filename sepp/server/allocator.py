@@ -26,6 +26,10 @@ fast as pymalloc (bench_e2e 50/50 sync_data, two interleaved rounds, 21.0k vs 21
 enqueue/s) but a larger idle size and no better after the key flood, so it is not
 offered. glibc malloc cost -2.7 % enqueue / -6.3 % drain (three interleaved rounds:
 20,455 / 13,031 against 21,020 / 13,911 jobs/s; 44 / 68 against 42 / 63 µs/job).
+Through the client library it costs more: `bench_client --phases producer worker
+worker_mj1 --jobs 60000`, two interleaved rounds with `SEPP_SERVER__ALLOCATOR`
+system / python: producer 37.2k / 37.1k against 41.8k / 42.2k jobs/s (-11 %), Worker
+26.2k / 25.4k against 29.9k / 30.5k (-14 %), `max_jobs=1` unchanged (~18k).
 
 The allocator is chosen when the interpreter starts (PYTHONMALLOC), so with
 "system" the server re-executes itself once, the same command line with
