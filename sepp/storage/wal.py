@@ -264,7 +264,7 @@ class SegmentWriter:
             else:
                 self._file_end = end
         self._hook("wal.after_write")
-        synced = not (self.persist_mode == PERSIST_BUFFER or not sync)
+        synced = sync and self.persist_mode != PERSIST_BUFFER
         if synced:
             self._sync(handle)
             self.synced_seq = last_seq
