@@ -25,7 +25,7 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 17 | damage in a segment that also holds records after the snapshot recovery starts from, or in the **last** segment (the one appended to) | refuse to start (rows 6-9): those records are state |
 | 18 | newest snapshot damaged (row 11), the older one used, and log damage above the older snapshot (covered only by the damaged one) | refuse to start: the records are lost in both copies; the refusal names the damaged snapshot |
 | 19 | a record with a bad checksum in the **last** segment, above every snapshot, followed by valid records that all say it was never synced (version 2 envelopes whose `synced_seq` is below its seq): a hole that out-of-order writeback of the unsynced tail leaves at a power loss | truncate at the hole and report it (`unsynced_hole`): nothing from the hole on was acknowledged through a sync |
-| 20 | the same, but a valid record after the hole claims its seq synced, or claims nothing (a version 1 envelope), or the hole is at or below a snapshot (even a damaged one) | refuse to start (row 7): synced data is gone, or nothing shows it was not |
+| 20 | the same, but a valid record after the hole claims its seq synced, or claims nothing (a version 1 envelope), or the hole is at or below a snapshot (even a damaged one), or a half-created segment (row 5) follows, which proves rotation synced this one whole | refuse to start (row 7): synced data is gone, or nothing shows it was not |
 | 21 | a torn record or zeros at the end of the **last** segment where a snapshot (even a damaged one) says the log was durable: its seq is at or below the snapshot's | refuse to start, naming the file and offset, and cut nothing: row 4's crash cannot tear a synced record, so this is damage |
 
 A refusal raises `RecoveryError` with the file, byte offset, sequence number and
@@ -274,15 +274,14 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     if report.removed_files:
         fs.fsync_dir(snap_dir)
 
-    # Row 5: a last segment that was being created when the process died.
-    if seg_files:
-        last_path = seg_files[-1][1]
-        data = fs.read(last_path)
-        if is_segment_being_created(data):
-            fs.remove(last_path)
-            fs.fsync_dir(wal_dir)
-            report.removed_files.append(last_path)
-            seg_files.pop()
+    # Row 5: a last segment that was being created when the process died. It is
+    # removed only once the rest checks out: it is evidence. Rotation seals
+    # (syncs) a segment before it creates the next one, so the segment before a
+    # half-created one was synced whole, and damage in it is never an unsynced
+    # hole (row 19) -- on this start or, after a refusal, on the next.
+    half_created: str | None = None
+    if seg_files and is_segment_being_created(fs.read(seg_files[-1][1])):
+        half_created = seg_files.pop()[1]
 
     first_log_seq = seg_files[0][0] if seg_files else None
 
@@ -454,7 +453,12 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             expected = history_end + 1
             continue
         hole = None
-        if type(terminal) is Corruption and is_last and expected > snapshots_seq:
+        if (
+            type(terminal) is Corruption
+            and is_last
+            and half_created is None
+            and expected > snapshots_seq
+        ):
             # Rows 19, 20: the records after the damage say whether it was synced
             # (a snapshot, even a damaged one, says its seq was: it is published
             # only once the log under it is synced).
@@ -524,6 +528,10 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
         )
     next_seq = max(expected, base_seq + 1)
     report.last_seq = next_seq - 1
+    if half_created is not None:
+        fs.remove(half_created)
+        fs.fsync_dir(wal_dir)
+        report.removed_files.append(half_created)
     # Row 11, once everything else checked out: a damaged snapshot newer than the
     # one used is set aside (renamed *.damaged, kept for the operator), so it
     # neither counts as the newest snapshot nor toward the snapshots kept.

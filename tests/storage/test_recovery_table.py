@@ -963,7 +963,10 @@ def _v1_envelopes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @row(20)
-@pytest.mark.parametrize("evidence", ["claims_it_synced", "claims_nothing", "snapshot_covers_it"])
+@pytest.mark.parametrize(
+    "evidence",
+    ["claims_it_synced", "claims_nothing", "snapshot_covers_it", "rotation_sealed_it"],
+)
 def test_hole_that_the_log_says_was_synced_refuses_to_start(
     evidence: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -979,6 +982,11 @@ def test_hole_that_the_log_says_was_synced_refuses_to_start(
     path = built.segments()[-1]
     data = built.fs.read(path)
     put_bytes(built.fs, path, HOLES["lost_page"](data, records))
+    if evidence == "rotation_sealed_it":
+        # A crash right after rotation created the next segment (row 5 removes
+        # it): rotation syncs a segment before creating the next, so the batch
+        # was synced however stale its claims are, and the damage is corruption.
+        put_bytes(built.fs, f"{WAL_DIR}/{segment_file_name(built.last_seq + 1)}", b"")
     monkeypatch.undo()
     assert_refuses(
         built.fs,
