@@ -31,6 +31,15 @@ worker_mj1 --jobs 60000`, two interleaved rounds with `SEPP_SERVER__ALLOCATOR`
 system / python: producer 37.2k / 37.1k against 41.8k / 42.2k jobs/s (-11 %), Worker
 26.2k / 25.4k against 29.9k / 30.5k (-14 %), `max_jobs=1` unchanged (~18k).
 
+Tried on 2026-12-03 and dropped: after a burst, at the refreeze that sweeps the
+heap, replace the int and float values sepp's long-lived objects hold (counters,
+offsets, histogram counts) with equal fresh copies, so that they move into the
+pools pymalloc allocates from now and the arenas they pinned empty out. The pass
+found 58-63 such values in ~6 ms, but the arenas stayed pinned by what is left or
+made anew -- instance dicts the pass itself materialized, weak references, the
+log writer's offsets rebound since, an empty list nobody tracks -- and
+queue-churn ended at 44-45 MiB against 42-44 without it (idle 34-35).
+
 The allocator is chosen when the interpreter starts (PYTHONMALLOC), so with
 "system" the server re-executes itself once, the same command line with
 PYTHONMALLOC=malloc, before it opens anything: same process id, same arguments, a
