@@ -38,7 +38,7 @@ pools pymalloc allocates from now and the arenas they pinned empty out. The pass
 found 58-63 such values in ~6 ms, but the arenas stayed pinned by what is left or
 made anew -- instance dicts the pass itself materialized, weak references, the
 log writer's offsets rebound since, an empty list nobody tracks -- and
-queue-churn ended at 44-45 MiB against 42-44 without it (idle 34-35).
+queue-churn ended at 44-45 MiB against 41-44 without it (idle 34-35).
 
 The allocator is chosen when the interpreter starts (PYTHONMALLOC), so with
 "system" the server re-executes itself once, the same command line with
