@@ -10,7 +10,7 @@ has a test named after it (tests/storage/test_recovery_table.py).
 | 2 | segments from seq 1, no snapshot | replay everything |
 | 3 | a snapshot at S and segments covering S+1.. | load it, replay records > S |
 | 4 | a torn record or a zero-filled tail (the writer's preallocated space) at the end of the **last** segment | truncate it (a crash mid-append, never acknowledged) |
-| 5 | a last segment whose header is torn (a prefix of the magic) and holds nothing else, or that is all zeros | remove it (a crash mid-rotation, before any record) |
+| 5 | a last segment whose header is torn (a prefix of the magic) and holds nothing else, or that is all zeros | remove it (a crash mid-rotation, before any record), once the rest checks out; the segment before it counts as **sealed** (rotation synced it whole first): it must end undamaged with the record just before the removed one's first seq (rows 6, 20) |
 | 6 | damage (torn or not) in a **sealed** segment | refuse to start |
 | 7 | a bad record followed by valid ones, anywhere (but row 19) | refuse to start |
 | 8 | a sequence gap or repeat, inside a segment or between segments | refuse to start |
@@ -279,9 +279,9 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     # (syncs) a segment before it creates the next one, so the segment before a
     # half-created one was synced whole, and damage in it is never an unsynced
     # hole (row 19) -- on this start or, after a refusal, on the next.
-    half_created: str | None = None
+    half_created: tuple[int, str] | None = None
     if seg_files and is_segment_being_created(fs.read(seg_files[-1][1])):
-        half_created = seg_files.pop()[1]
+        half_created = seg_files.pop()
 
     first_log_seq = seg_files[0][0] if seg_files else None
 
@@ -329,6 +329,9 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     expected = seg_files[0][0] if seg_files else base_seq + 1
     for index, (name_seq, path) in enumerate(seg_files):
         is_last = index == len(seg_files) - 1
+        # Synced whole, ending with its last record: every segment but the last,
+        # and the last too when a half-created one follows it (row 5).
+        sealed = not is_last or half_created is not None
         # Rows 15-17: the last seq this segment should hold, by the next segment's
         # name; at or below the snapshot, damage in the segment is history.
         history_end = base_seq + 1
@@ -453,12 +456,7 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             expected = history_end + 1
             continue
         hole = None
-        if (
-            type(terminal) is Corruption
-            and is_last
-            and half_created is None
-            and expected > snapshots_seq
-        ):
+        if type(terminal) is Corruption and not sealed and expected > snapshots_seq:
             # Rows 19, 20: the records after the damage say whether it was synced
             # (a snapshot, even a damaged one, says its seq was: it is published
             # only once the log under it is synced).
@@ -469,7 +467,7 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             segment.size = hole.offset
             report.unsynced_hole = (path, hole.offset, cut, hole.records)
         elif type(terminal) is TornTail:
-            if not is_last:
+            if sealed:
                 raise RecoveryError(
                     f"sealed segment ends in damage ({terminal.reason})"
                     + _covering_note(report, expected),
@@ -529,9 +527,20 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
     next_seq = max(expected, base_seq + 1)
     report.last_seq = next_seq - 1
     if half_created is not None:
-        fs.remove(half_created)
+        created_seq, created_path = half_created
+        if seg_files and expected != created_seq:
+            # Rotation names the new segment after the last record of the one
+            # it sealed: records it had synced are missing.
+            raise RecoveryError(
+                f"the log ends at seq {expected - 1}, but the segment being created "
+                f"when the process stopped was to start at seq {created_seq}: records "
+                f"{expected}..{created_seq - 1} are missing" + _covering_note(report, expected),
+                path=seg_files[-1][1],
+                seq=expected,
+            )
+        fs.remove(created_path)
         fs.fsync_dir(wal_dir)
-        report.removed_files.append(half_created)
+        report.removed_files.append(created_path)
     # Row 11, once everything else checked out: a damaged snapshot newer than the
     # one used is set aside (renamed *.damaged, kept for the operator), so it
     # neither counts as the newest snapshot nor toward the snapshots kept.

@@ -207,6 +207,16 @@ def _flip_header_bit(data: bytes, last: Any) -> bytes:
     return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
 
 
+def build_to_last_record() -> tuple[Built, str, bytes, Any]:
+    """`build(25)`, its last segment's path and bytes, and that segment's last
+    record (seq 25)."""
+    built = build(25)
+    path = built.segments()[-1]
+    last = built.records(path)[-1]
+    assert last.seq == 25
+    return built, path, built.fs.read(path), last
+
+
 TEARS = {
     "cut_mid_header": _cut_mid_header,
     "cut_mid_body": _cut_mid_body,
@@ -219,11 +229,7 @@ TEARS = {
 @row(4)
 @pytest.mark.parametrize("tear", sorted(TEARS))
 def test_torn_record_at_tail_of_last_segment_is_truncated(tear: str) -> None:
-    built = build(25)
-    path = built.segments()[-1]
-    data = built.fs.read(path)
-    last = built.records(path)[-1]
-    assert last.seq == 25
+    built, path, data, last = build_to_last_record()
     damaged = TEARS[tear](data, last)
     put_bytes(built.fs, path, damaged)
     engine = assert_recovered(built, 24)
@@ -286,6 +292,43 @@ def test_torn_header_of_new_last_segment_is_removed(content: str) -> None:
     assert torn not in built.fs.durable_files()  # removed, and the directory synced
     assert segment_paths(built.fs) == sealed
     accepts_next_command(engine, 26)
+
+
+SEALED_END = "sealed segment ends in damage"
+# Row 4's tears (and two more) in the last segment when a half-created one
+# follows it: the refusal's reason, and whether it is at the end of the data
+# (seq 26) rather than at the last record (seq 25).
+HALF_CREATED_BEFORE: dict[str, tuple[str, bool]] = {
+    "cut_mid_header": (f"{SEALED_END} (truncated record header)", False),
+    "cut_mid_body": (f"{SEALED_END} (truncated record body)", False),
+    "zero_filled": (f"{SEALED_END} (zero-filled tail)", False),
+    "flipped_bit_in_body": (f"{SEALED_END} (bad body checksum)", False),
+    "flipped_bit_in_header": (f"{SEALED_END} (bad header checksum)", False),
+    "zeros_after_the_last_record": (f"{SEALED_END} (zero-filled tail)", True),
+    # No damage, but seq 25 -- synced before the rotation began -- is gone.
+    "last_record_missing": (
+        "the log ends at seq 24, but the segment being created when the process stopped "
+        "was to start at seq 26: records 25..25 are missing",
+        False,
+    ),
+}
+MORE_TEARS = {
+    "zeros_after_the_last_record": lambda data, last: data + bytes(4096),
+    "last_record_missing": lambda data, last: data[: last.offset],
+}
+
+
+@row(5, 6)
+@pytest.mark.parametrize("damage", sorted(HALF_CREATED_BEFORE))
+def test_the_segment_before_a_half_created_one_is_sealed(damage: str) -> None:
+    # Rotation synced the segment whole and cut its preallocated zeros (durably)
+    # before it created the next one: none of this is a crash mid-append.
+    built, path, data, last = build_to_last_record()
+    put_bytes(built.fs, path, {**TEARS, **MORE_TEARS}[damage](data, last))
+    put_bytes(built.fs, f"{WAL_DIR}/{segment_file_name(26)}", b"")
+    reason, at_end = HALF_CREATED_BEFORE[damage]
+    offset = None if damage == "last_record_missing" else len(data) if at_end else last.offset
+    assert_refuses(built.fs, path=path, offset=offset, seq=26 if at_end else 25, reason=reason)
 
 
 # ---------------------------------------------------------------- row 6
