@@ -66,6 +66,7 @@ from log_format import (
     scan_records,
     unsynced_hole,
 )
+from sepp.storage.recovery import half_created_mismatch
 
 from .datadir import ERROR, INFO, WARNING, DataDir, Problem, SegmentFile
 
@@ -481,7 +482,18 @@ class LogWalker:
             )
             return
         if type(header) is TornTail:
-            if is_last:
+            if is_last and expected is not None and segment.first_seq != expected:
+                # Rotation names the new segment after the last record it synced
+                # (recovery refuses this, rows 5 and 6).
+                yield Problem(
+                    ERROR,
+                    "sequence-gap",
+                    segment.rel,
+                    0,
+                    expected,
+                    half_created_mismatch(expected, segment.first_seq),
+                )
+            elif is_last:
                 yield Problem(
                     WARNING,
                     "torn-tail",

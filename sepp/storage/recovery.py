@@ -174,6 +174,19 @@ def is_segment_being_created(data: bytes) -> bool:
     return _header(data) is None
 
 
+def half_created_mismatch(expected: int, created_seq: int) -> str:
+    """Why the log before a half-created segment (row 5) does not end where that
+    segment was to start: recovery refuses it and `sepp-log verify` reports it
+    in these words."""
+    missing = (
+        f": records {expected}..{created_seq - 1} are missing" if expected < created_seq else ""
+    )
+    return (
+        f"the log ends at seq {expected - 1}, but the segment being created when the "
+        f"process stopped was to start at seq {created_seq}{missing}"
+    )
+
+
 def _header(data: bytes) -> SegmentHeader | str | None:
     """The segment header, a reason it is bad, or None if it is torn (a prefix of
     a header or zeros: what a crash while creating the segment leaves)."""
@@ -532,9 +545,7 @@ def recover(fs: FileSystem, data_dir: str, config: CoreConfig) -> Recovered:
             # Rotation names the new segment after the last record of the one
             # it sealed: records it had synced are missing.
             raise RecoveryError(
-                f"the log ends at seq {expected - 1}, but the segment being created "
-                f"when the process stopped was to start at seq {created_seq}: records "
-                f"{expected}..{created_seq - 1} are missing" + _covering_note(report, expected),
+                half_created_mismatch(expected, created_seq) + _covering_note(report, expected),
                 path=seg_files[-1][1],
                 seq=expected,
             )

@@ -466,3 +466,53 @@ def test_verify_and_recovery_agree_on_a_zero_filled_last_segment(tmp_path: Path)
     except RecoveryError:
         recovery_ok = False
     assert verify_ok == recovery_ok, (verify_ok, recovery_ok)
+
+
+def _cut_before_half_created(kind: str, data: bytes) -> bytes:
+    from log_format import RECORD_HEADER_BYTES, Record, scan_records
+
+    last = [item for item in scan_records(data, expected_seq=1) if type(item) is Record][-1]
+    if kind == "flipped_bit":
+        at = last.offset + RECORD_HEADER_BYTES + 3
+        return data[:at] + bytes([data[at] ^ 8]) + data[at + 1 :]
+    if kind == "torn_record":
+        return data[: last.offset + RECORD_HEADER_BYTES + 2]
+    if kind == "zeros_after":
+        return data + bytes(4096)
+    if kind == "record_missing":
+        return data[: last.offset]
+    return data
+
+
+@pytest.mark.parametrize(
+    "kind", ["intact", "flipped_bit", "torn_record", "zeros_after", "record_missing"]
+)
+def test_verify_and_recovery_agree_on_the_segment_before_a_half_created_one(
+    kind: str, tmp_path: Path
+) -> None:
+    # Rotation synced that segment whole before it created the next file: only
+    # an intact one, ending just before the new file's first seq, may start.
+    from log_format import segment_file_name
+    from sepp.core import Enqueue, NewJob
+    from sepp.storage import Engine, RecoveryError
+    from tools.datadir import open_data_dir
+    from tools.verify import verify
+
+    data_dir = tmp_path / "data"
+    engine = Engine.open(str(data_dir))
+    for n in range(3):
+        job = NewJob(
+            job_id=f"00000000-0000-4000-8000-00000000000{n + 1}", queue=QUEUE, job_type="t"
+        )
+        engine.execute(Enqueue(jobs=(job,)), 1_700_000_000_000 + n)
+    engine.close()
+    segment = data_dir / "wal" / segment_file_name(1)
+    segment.write_bytes(_cut_before_half_created(kind, segment.read_bytes()))
+    (data_dir / "wal" / segment_file_name(4)).write_bytes(b"")
+    verify_ok = verify(open_data_dir(str(data_dir))).ok
+    try:
+        Engine.open(str(data_dir)).close()
+        recovery_ok = True
+    except RecoveryError:
+        recovery_ok = False
+    assert (verify_ok, recovery_ok) == ((True, True) if kind == "intact" else (False, False))
