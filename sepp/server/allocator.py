@@ -1,5 +1,9 @@
 """Which memory allocator `sepp serve` runs on ([server] allocator, issue 13).
 
+The default, "auto", is jemalloc when the system has it (Debian/Ubuntu:
+`apt install libjemalloc2`) and pymalloc otherwise. The history of that choice
+follows, oldest first; the figures that decided it are at the end.
+
 CPython's own small-object allocator (pymalloc) carves 1 MiB arenas and hands one
 back to the operating system only once every object in it is gone. After a burst
 (100,000 queue names created and forgotten, a flood of idempotency keys expiring)
@@ -12,8 +16,8 @@ malloc returns freed memory, so RSS comes back to idle (35 / 35 MiB, 35 idle).
 That costs the request path: in `bench_e2e --modes sync_data` (50/50, 50,000 jobs,
 three interleaved rounds each) malloc gave 24,537 / 14,976 enqueue / drain jobs/s
 and 37 / 60 µs of server CPU per job against pymalloc's 25,857 / 16,007 and 34 / 55
-(-5 % / -6 %). Eight MiB held after a burst is not worth 6 % of every request, so
-pymalloc stays the default and `allocator = "system"` is there for deployments
+(-5 % / -6 %). Eight MiB held after a burst was not worth 6 % of every request, so
+pymalloc stayed the default then, with `allocator = "system"` for deployments
 whose bursts are large next to their steady state.
 
 Measured again on 2026-12-03 (a new machine image; `--full --seed 7`, queue-churn /
@@ -40,49 +44,113 @@ made anew -- instance dicts the pass itself materialized, weak references, the
 log writer's offsets rebound since, an empty list nobody tracks -- and
 queue-churn ended at 44-45 MiB against 41-44 without it (idle 34-35).
 
-The allocator is chosen when the interpreter starts (PYTHONMALLOC), so with
-"system" the server re-executes itself once, the same command line with
-PYTHONMALLOC=malloc, before it opens anything: same process id, same arguments, a
-quarter of a second more at startup. A PYTHONMALLOC the user set is never
-overridden, and an in-process server (tests, embedding) is never re-executed.
+Measured on 2026-12-03 again, jemalloc 5.3.0 (Debian libjemalloc2, LD_PRELOAD,
+PYTHONMALLOC=malloc, MALLOC_CONF below): it returns what a burst freed and costs
+little. `--full --seed 2026120313`, RSS idle -> after in MiB: queue-churn 36 -> 38,
+idempotency-keys 37 -> 40, parked-reset 37 -> 38 (pymalloc: 34 -> 41, 34 -> 40,
+34 -> 37). Speed, interleaved rounds on a shared machine: through the client
+(`bench_client --phases producer worker --jobs 60000`, three rounds) producer
+32.3k against pymalloc's 32.6k jobs/s and Worker 22.2k against 22.6k (-1 % / -2 %;
+glibc malloc in the same rounds 30.9k / 20.3k, -5 % / -10 %); under the lean load
+generator (`bench_e2e --modes sync_all --jobs 40000`, three rounds) enqueue 16.0k
+against 16.9k jobs/s and 55-60 against 52-56 µs of server CPU per job (-5 %), drain
+even. So "auto" picks jemalloc: memory that comes back after a burst, for a few per
+cent of server CPU on enqueue. Its settings: a background thread returns freed
+pages after about a second of disuse (dirty_decay_ms 1000, muzzy_decay_ms 0: the
+pages are released, not just marked, so RSS shows it), two arenas for a process
+whose work is one thread. A MALLOC_CONF the user set is kept.
+
+The allocator is chosen when the interpreter starts (PYTHONMALLOC, LD_PRELOAD), so
+with "auto" (jemalloc found), "jemalloc" or "system" the server re-executes itself
+once, the same command line with PYTHONMALLOC=malloc (and jemalloc preloaded),
+before it opens anything: same process id, same arguments, a quarter of a second
+more at startup. A PYTHONMALLOC the user set is never overridden, and an
+in-process server (tests, embedding) is never re-executed.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-ALLOCATORS = ("system", "python")
+ALLOCATORS = ("auto", "jemalloc", "system", "python")
 SYSTEM_MALLOC = "malloc"
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:2"
+JEMALLOC_MISSING = (
+    'server.allocator = "jemalloc" but libjemalloc is not installed'
+    " (Debian/Ubuntu: apt install libjemalloc2)"
+)
 
 
-def reexec_command(allocator: str, environ: Mapping[str, str]) -> list[str] | None:
-    """The command line to re-execute the server with for `allocator`, or None
-    when the running interpreter already has the right one (or the user chose
-    one with PYTHONMALLOC)."""
-    if allocator != "system" or "PYTHONMALLOC" in environ:
+class AllocatorUnavailable(Exception):
+    """The configured allocator cannot be loaded on this system."""
+
+
+def find_jemalloc() -> str | None:
+    """The shared library name of jemalloc, for LD_PRELOAD, or None."""
+    return ctypes.util.find_library("jemalloc")
+
+
+def reexec_environment(
+    allocator: str, environ: Mapping[str, str], find: Callable[[], str | None] | None = None
+) -> dict[str, str] | None:
+    """The environment variables to re-execute the server with for `allocator`, or
+    None when the running interpreter already has the right one (or the user chose
+    one with PYTHONMALLOC). Raises AllocatorUnavailable for "jemalloc" without it."""
+    if allocator == "python" or "PYTHONMALLOC" in environ:
         return None
-    return [sys.executable, *sys.orig_argv[1:]]
+    if allocator == "system":
+        return {"PYTHONMALLOC": SYSTEM_MALLOC}
+    library = (find or find_jemalloc)()
+    if library is None:
+        if allocator == "jemalloc":
+            raise AllocatorUnavailable(JEMALLOC_MISSING)
+        return None  # auto: pymalloc
+    preload = environ.get("LD_PRELOAD", "")
+    return {
+        "PYTHONMALLOC": SYSTEM_MALLOC,
+        "LD_PRELOAD": f"{library} {preload}".strip(),
+        "MALLOC_CONF": environ.get("MALLOC_CONF", JEMALLOC_CONF),
+    }
 
 
 def use_allocator(allocator: str) -> None:
-    """Re-execute this process on the C library's malloc when `allocator` asks
-    for it and it is not in use yet; returns only when nothing is to be done."""
-    command = reexec_command(allocator, os.environ)
-    if command is None:
+    """Re-execute this process on the allocator `allocator` asks for when it is not
+    in use yet; returns only when nothing is to be done. Raises
+    AllocatorUnavailable (before anything changed) for a missing jemalloc."""
+    changes = reexec_environment(allocator, os.environ)
+    if changes is None:
         return
-    os.environ["PYTHONMALLOC"] = SYSTEM_MALLOC
+    os.environ.update(changes)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(command[0], command)
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
-def allocator_in_use(environ: Mapping[str, str]) -> str:
+def jemalloc_version() -> str | None:
+    """jemalloc's version when it is this process's malloc (preloaded), else None."""
+    try:
+        mallctl = ctypes.CDLL(None).mallctl  # only jemalloc defines it
+    except (AttributeError, OSError):
+        return None
+    value = ctypes.c_char_p()
+    size = ctypes.c_size_t(ctypes.sizeof(value))
+    if mallctl(b"version", ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+        return "?"
+    return (value.value or b"?").decode(errors="replace").partition("-")[0]
+
+
+def allocator_in_use(
+    environ: Mapping[str, str], jemalloc: Callable[[], str | None] = jemalloc_version
+) -> str:
     """What this interpreter allocates small objects with, for the startup log."""
     chosen = environ.get("PYTHONMALLOC", "")
     if chosen.startswith("malloc"):
-        return "system malloc"
+        version = jemalloc()
+        return f"jemalloc {version}" if version else "system malloc"
     if chosen in ("", "pymalloc", "pymalloc_debug", "debug"):
         return "pymalloc"
     return chosen

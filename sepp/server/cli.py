@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from sepp._version import __version__
 from sepp.cluster.replog import ReplicatedLogError
 from sepp.core.config import ConfigError
-from sepp.server.allocator import allocator_in_use, use_allocator
+from sepp.server.allocator import AllocatorUnavailable, allocator_in_use, use_allocator
 from sepp.server.config import example_config, load_config, load_tls_context
 from sepp.server.logs import setup_logging
 from sepp.server.loops import resolve_event_loop, run_on
@@ -60,7 +60,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     if args.from_command_line:
         # Before anything is opened: this may re-execute the process (allocator.py).
-        use_allocator(config.get("server", "allocator"))
+        try:
+            use_allocator(config.get("server", "allocator"))
+        except AllocatorUnavailable as exc:
+            print(f"sepp: invalid configuration: {exc}", file=sys.stderr)
+            return 1
     setup_logging(config.get("logging", "level"), config.get("logging", "format"))
     try:
         loop_name = resolve_event_loop(config.get("server", "event_loop"))

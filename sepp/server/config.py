@@ -146,9 +146,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "allocator": Key(
             "str",
-            "python",
-            "python (pymalloc, fastest) | system (the C library's malloc: memory freed after"
-            " a burst goes back to the OS, ~6 % less throughput); an explicit PYTHONMALLOC wins",
+            "auto",
+            "auto (jemalloc when installed, else python) | jemalloc (memory freed after a"
+            " burst goes back to the OS; apt install libjemalloc2) | system (the C library's"
+            " malloc: returns memory too, slower) | python (pymalloc: fastest, keeps some"
+            " memory after a burst); an explicit PYTHONMALLOC wins",
             choices=ALLOCATORS,
         ),
     },

@@ -24,7 +24,8 @@ task and the exception that ended it, a traceback's frames). Measured (issue 13)
 171 connections that each sent a 16 MiB frame before hello kept 15 MiB resident after
 they closed, 666 half-finished TLS handshakes kept 16k objects. So every refreeze
 first looks at the heap's size (`sys.getallocatedblocks()`, every pymalloc block,
-tracked or not: an upper bound on what a collection scans, read in ~1 ms): up to
+tracked or not: an upper bound on what a collection scans, read in ~1 ms; on
+jemalloc or the system malloc, which have no such count, the tracked objects): up to
 `SWEEP_BLOCKS_MAX` blocks it unfreezes and runs a full collection (about 70 ns a
 tracked object here: 200k objects 12 ms, an idle server's ~27k about 2 ms), which
 also empties CPython's free lists (an idle server held ~5 MiB in them after 10k
@@ -77,8 +78,7 @@ def refreeze(
     give the heap's free pages back to the system. A small heap is first swept
     whole (frozen objects included); a large one has its young objects collected
     when they are few. Returns what it did (SWEPT, YOUNG_COLLECTED, FROZEN_ONLY)."""
-    blocks = sys.getallocatedblocks()  # 0 when pymalloc is off (PYTHONMALLOC=malloc)
-    if 0 < blocks <= sweep_blocks_max:
+    if heap_size() <= sweep_blocks_max:
         gc.unfreeze()
         gc.collect()
         done = SWEPT
@@ -92,6 +92,16 @@ def refreeze(
     gc.freeze()
     release_free_memory()
     return done
+
+
+def heap_size() -> int:
+    """An upper bound on what a full collection scans: pymalloc's count of allocated
+    blocks, or -- on jemalloc or the system malloc (PYTHONMALLOC=malloc), where that
+    count is 0 -- the collector's tracked objects, frozen ones included."""
+    blocks = sys.getallocatedblocks()
+    if blocks:
+        return blocks
+    return gc.get_freeze_count() + len(gc.get_objects())
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:

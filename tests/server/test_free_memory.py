@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 import weakref
 
@@ -92,3 +93,25 @@ def test_a_large_heap_is_not_swept_whole_and_its_young_cycles_are_collected_befo
         gc.unfreeze()
         gc.collect()
     assert ref() is None
+
+
+def test_the_small_heap_sweep_also_runs_without_pymalloc() -> None:
+    # The server's default allocator is jemalloc (PYTHONMALLOC=malloc), under which
+    # pymalloc's block count is 0: the refreeze must size the heap another way and
+    # still sweep a small one, or frozen connection cycles are never reclaimed.
+    code = (
+        "import gc, sys, weakref\n"
+        "from sepp.server import gcpolicy\n"
+        "from tests.server.test_free_memory import _frozen_cycle\n"
+        "assert sys.getallocatedblocks() == 0\n"
+        "ref = _frozen_cycle()\n"
+        "gc.collect()\n"
+        "assert ref() is not None\n"
+        "print(gcpolicy.heap_size() > 0, gcpolicy.refreeze(), ref() is None)\n"
+    )
+    env = {**os.environ, "PYTHONMALLOC": "malloc"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", gcpolicy.SWEPT, "True"]
