@@ -55,10 +55,23 @@ glibc malloc in the same rounds 30.9k / 20.3k, -5 % / -10 %); under the lean loa
 generator (`bench_e2e --modes sync_all --jobs 40000`, three rounds) enqueue 16.0k
 against 16.9k jobs/s and 55-60 against 52-56 µs of server CPU per job (-5 %), drain
 even. So "auto" picks jemalloc: memory that comes back after a burst, for a few per
-cent of server CPU on enqueue. Its settings: a background thread returns freed
-pages after about a second of disuse (dirty_decay_ms 1000, muzzy_decay_ms 0: the
-pages are released, not just marked, so RSS shows it), two arenas for a process
-whose work is one thread. A MALLOC_CONF the user set is kept.
+cent of server CPU on enqueue.
+
+Its settings, JEMALLOC_CONF. First tried: a background thread purging pages freed
+about a second ago (dirty_decay_ms 1000). That made snapshots of large jobs slow
+for everyone: with 1,000 live jobs of 1 MiB arriving in 8 MiB requests
+(`tools.attack --only snapshot-large`) every freed request buffer was handed back
+and faulted in again, 590k page faults in the server against pymalloc's 294k
+(the same with decay 30 s), and the well-behaved client's p99 went from 29-44 ms
+(pymalloc, 10 runs) to 35-79 ms (jemalloc, 15 runs, 4 over the 50 ms target). So
+jemalloc is told never to purge by itself (dirty_decay_ms -1) and the server purges
+every arena at its refreeze, every 5 s (gcpolicy.release_free_memory): freed pages
+are reused while the server is busy and returned at most ~5 s after a burst --
+342k page faults, p99 35-50 ms (5 runs), RSS after queue-churn / idempotency-keys /
+parked-reset 38 / 38 / 38 MiB, idle 37. muzzy_decay_ms 0: what is purged is
+released (MADV_DONTNEED), not merely marked free, so RSS shows it; two arenas for
+a process whose work is one thread. A MALLOC_CONF the user set is kept (and then
+jemalloc's own decay applies as configured; the refreeze purges all the same).
 
 The allocator is chosen when the interpreter starts (PYTHONMALLOC, LD_PRELOAD), so
 with "auto" (jemalloc found), "jemalloc" or "system" the server re-executes itself
@@ -78,7 +91,7 @@ from collections.abc import Callable, Mapping
 
 ALLOCATORS = ("auto", "jemalloc", "system", "python")
 SYSTEM_MALLOC = "malloc"
-JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:2"
+JEMALLOC_CONF = "narenas:2,dirty_decay_ms:-1,muzzy_decay_ms:0"
 JEMALLOC_MISSING = (
     'server.allocator = "jemalloc" but libjemalloc is not installed'
     " (Debian/Ubuntu: apt install libjemalloc2)"

@@ -35,7 +35,9 @@ the last freeze are collected (when they are few enough), and the connection cod
 breaks its own cycles when it closes (server.py) so that little is left to this.
 
 Freed memory goes back to the system: at every refreeze the C heap's free pages are
-released (glibc `malloc_trim(0)`, where it exists). Objects larger than 512 bytes
+released (glibc `malloc_trim(0)`, where it exists; on jemalloc, the server's default
+allocator, a purge of every arena -- jemalloc itself is told never to purge on its
+own, see allocator.py). Objects larger than 512 bytes
 (a queue's ready-level deque block, payloads) come from malloc, and glibc keeps the
 free pages between live chunks resident: after 100k distinct queues were churned
 through and forgotten the process stayed at 90 MiB, 62 MiB above idle, with 8 MiB of
@@ -104,30 +106,48 @@ def heap_size() -> int:
     return gc.get_freeze_count() + len(gc.get_objects())
 
 
-def _find_malloc_trim() -> Callable[[int], int] | None:
+# jemalloc's "all arenas" index for `arena.<i>.purge` (MALLCTL_ARENAS_ALL).
+_JEMALLOC_ALL_ARENAS = 4096
+
+
+def _find_release() -> Callable[[], object] | None:
+    """The call that returns the C heap's free pages: jemalloc's purge of every
+    arena when jemalloc is this process's malloc (server.allocator, allocator.py),
+    else glibc's `malloc_trim(0)`; None where there is neither (musl, not Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim  # glibc; musl has none
-    except (OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    mallctl = getattr(libc, "mallctl", None)  # only jemalloc defines it
+    if mallctl is not None:
+        name = f"arena.{_JEMALLOC_ALL_ARENAS}.purge".encode()
+        mallctl.argtypes = [
+            ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+        ]  # fmt: skip
+        mallctl.restype = ctypes.c_int
+        return lambda: mallctl(name, None, None, None, 0)
+    trim = getattr(libc, "malloc_trim", None)  # glibc; musl has none
+    if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
-    trim_call: Callable[[int], int] = trim
-    return trim_call
+    return lambda: trim(0)
 
 
-_MALLOC_TRIM = _find_malloc_trim()
+_RELEASE = _find_release()
 
 
 def can_release_free_memory() -> bool:
-    return _MALLOC_TRIM is not None
+    return _RELEASE is not None
 
 
 def release_free_memory() -> bool:
-    """Return the C heap's free pages to the system (glibc `malloc_trim(0)`);
-    whether the C library can (False where it has no such call)."""
-    if _MALLOC_TRIM is None:
+    """Return the C heap's free pages to the system (jemalloc: purge every arena's
+    unused pages; glibc: `malloc_trim(0)`); whether the C library can (False where it
+    has no such call)."""
+    if _RELEASE is None:
         return False
-    _MALLOC_TRIM(0)
+    _RELEASE()
     return True

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import weakref
 
+import pytest
+
 from sepp.server import gcpolicy
 
 MIB = 1024 * 1024
@@ -115,3 +117,29 @@ def test_the_small_heap_sweep_also_runs_without_pymalloc() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", gcpolicy.SWEPT, "True"]
+
+
+def test_refreeze_gives_freed_pages_back_on_jemalloc() -> None:
+    # On jemalloc (the server's default allocator, told never to purge by itself)
+    # the refreeze purges every arena: the same 64 MiB heap as above comes back.
+    from sepp.server.allocator import JEMALLOC_CONF, find_jemalloc
+
+    library = find_jemalloc()
+    if library is None:
+        pytest.skip("libjemalloc is not installed (apt install libjemalloc2)")
+    code = (
+        "from sepp.server.allocator import jemalloc_version\n"
+        "from tests.server.test_free_memory import "
+        "test_refreeze_gives_the_free_pages_of_the_heap_back_to_the_system as check\n"
+        "assert jemalloc_version() is not None\n"
+        "check()\n"
+        "print('released')\n"
+    )
+    env = {
+        **os.environ, "PYTHONMALLOC": "malloc", "LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF
+    }  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["released"]
