@@ -45,17 +45,20 @@ log writer's offsets rebound since, an empty list nobody tracks -- and
 queue-churn ended at 44-45 MiB against 41-44 without it (idle 34-35).
 
 Measured on 2026-12-03 again, jemalloc 5.3.0 (Debian libjemalloc2, LD_PRELOAD,
-PYTHONMALLOC=malloc, MALLOC_CONF below): it returns what a burst freed and costs
-little. `--full --seed 2026120313`, RSS idle -> after in MiB: queue-churn 36 -> 38,
-idempotency-keys 37 -> 40, parked-reset 37 -> 38 (pymalloc: 34 -> 41, 34 -> 40,
-34 -> 37). Speed, interleaved rounds on a shared machine: through the client
-(`bench_client --phases producer worker --jobs 60000`, three rounds) producer
-32.3k against pymalloc's 32.6k jobs/s and Worker 22.2k against 22.6k (-1 % / -2 %;
-glibc malloc in the same rounds 30.9k / 20.3k, -5 % / -10 %); under the lean load
-generator (`bench_e2e --modes sync_all --jobs 40000`, three rounds) enqueue 16.0k
-against 16.9k jobs/s and 55-60 against 52-56 µs of server CPU per job (-5 %), drain
-even. So "auto" picks jemalloc: memory that comes back after a burst, for a few per
-cent of server CPU on enqueue.
+PYTHONMALLOC=malloc, MALLOC_CONF as first tried, see below): it returns what a burst
+freed, for a few per cent of speed. `--full --seed 2026120313`, RSS idle -> after in
+MiB: queue-churn 36 -> 38, idempotency-keys 37 -> 40, parked-reset 37 -> 38
+(pymalloc: 34 -> 41, 34 -> 40, 34 -> 37). Speed, interleaved rounds on a shared
+machine: through the client (`bench_client --phases producer worker --jobs 60000`,
+three rounds) producer 32.3k against pymalloc's 32.6k jobs/s and Worker 22.2k
+against 22.6k (-1 % / -2 %; glibc malloc in the same rounds 30.9k / 20.3k, -5 % /
+-10 %); under the lean load generator (`bench_e2e --modes sync_all --jobs 40000`,
+three rounds) enqueue 16.0k against 16.9k jobs/s and 55-60 against 52-56 µs of
+server CPU per job (-5 %), drain even. With the settings adopted (below), six
+rounds of the same bench_client: producer 31.6k against 33.5k (medians, -6 %),
+Worker 20.5k against 22.0k (-7 %); round by round the gap was 0-10 %. So "auto"
+picks jemalloc: memory that comes back after a burst, for about 5 % of throughput;
+`allocator = "python"` takes that back and keeps ~7 MiB after a burst.
 
 Its settings, JEMALLOC_CONF. First tried: a background thread purging pages freed
 about a second ago (dirty_decay_ms 1000). That made snapshots of large jobs slow
