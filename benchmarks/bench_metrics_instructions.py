@@ -84,6 +84,10 @@ def counted_run(
     env["SEPP_STORAGE__SNAPSHOT_EVERY_BYTES"] = "0"
     env["SEPP_LOGGING__LEVEL"] = "warning"
     env["SEPP_METRICS__LISTEN_ADDR"] = "off"
+    # pymalloc, as before jemalloc became the default: on jemalloc the server would
+    # re-execute itself (allocator.py) out of valgrind's reach, and the counts compare
+    # with the figures recorded on pymalloc.
+    env["SEPP_SERVER__ALLOCATOR"] = "python"
     env.update(server_env)
     prefix = [
         "valgrind",
