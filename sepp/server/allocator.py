@@ -106,7 +106,10 @@ class AllocatorUnavailable(Exception):
 
 
 def find_jemalloc() -> str | None:
-    """The shared library name of jemalloc, for LD_PRELOAD, or None."""
+    """The shared library name of jemalloc, for LD_PRELOAD, or None (also on systems
+    other than Linux, whose loaders preload another way)."""
+    if not sys.platform.startswith("linux"):
+        return None
     return ctypes.util.find_library("jemalloc")
 
 

@@ -172,3 +172,10 @@ def test_the_allocator_named_in_the_startup_log(
 ) -> None:
     environ = {"PYTHONMALLOC": value} if value else {}
     assert allocator_in_use(environ, jemalloc=lambda: jemalloc) == shown
+
+
+def test_jemalloc_is_looked_for_only_on_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    # LD_PRELOAD is the Linux loader's; elsewhere "auto" stays on pymalloc.
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert find_jemalloc() is None
+    assert reexec_environment("auto", {}) is None
