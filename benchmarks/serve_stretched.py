@@ -3,8 +3,9 @@ benchmarks/bench_metrics_instructions.py only:
 
     python -m benchmarks.serve_stretched SECONDS serve --listen ...
 
-The refreeze (sepp/server/gcpolicy.py) sweeps the whole heap every 5 s while it
-is small, so its cost per second depends on what the heap holds at that moment:
+The refreeze (sepp/server/gcpolicy.py) sweeps the whole heap while it is small,
+after a quiet 5 s interval or once a minute under load, so its cost per second
+depends on what the heap holds at that moment:
 under a load generator, on how many jobs are in flight, and so on how long the
 run took. Under cachegrind the run lengths of two variants differ by tens of
 seconds on a shared machine, and that cost would land in the per-job figure.

@@ -68,8 +68,10 @@ and faulted in again, 590k page faults in the server against pymalloc's 294k
 (the same with decay 30 s), and the well-behaved client's p99 went from 29-44 ms
 (pymalloc, 10 runs) to 35-79 ms (jemalloc, 15 runs, 4 over the 50 ms target). So
 jemalloc is told never to purge by itself (dirty_decay_ms -1) and the server purges
-every arena at its refreeze, every 5 s (gcpolicy.release_free_memory): freed pages
-are reused while the server is busy and returned at most ~5 s after a burst --
+every arena at its full refreezes (gcpolicy.release_free_memory, on a thread; a
+refreeze is full after a quiet 5 s interval, or once a minute while busy:
+gcpolicy.RefreezeSchedule): freed pages are reused while the server is busy and
+returned at most ~5 s after a burst --
 342k page faults, p99 35-50 ms (5 runs), RSS after queue-churn / idempotency-keys /
 parked-reset 38 / 38 / 38 MiB, idle 37. muzzy_decay_ms 0: what is purged is
 released (MADV_DONTNEED), not merely marked free, so RSS shows it; two arenas for

@@ -43,6 +43,14 @@ free pages between live chunks resident: after 100k distinct queues were churned
 through and forgotten the process stayed at 90 MiB, 62 MiB above idle, with 8 MiB of
 it in use; one trim (4 ms) brought it to 37 MiB (issue 13). With nothing to release
 a trim takes ~10 us.
+
+Both pause whoever is waiting on the loop, so a refreeze goes the whole way (collect,
+then give pages back) only when few would wait: see RefreezeSchedule. Measured on a
+slow VM on jemalloc (2026-12-03, tools.attack snapshot-large and bench_client's
+producer): a sweep of 35k-53k tracked objects took 19-40 ms, of 208k 89 ms, and one
+purge after 1 GB of large jobs 105 ms -- every 5 s, under load, the tail of every
+client's latency. The server runs the release on a thread (ctypes lets go of the
+GIL), so only the collection is paid on the loop.
 """
 
 from __future__ import annotations
@@ -60,6 +68,11 @@ SWEEP_BLOCKS_MAX = 300_000
 # Above SWEEP_BLOCKS_MAX, the objects created since the last freeze are collected
 # before they are frozen when there are at most this many of them (~10 ms).
 YOUNG_COLLECT_MAX = 150_000
+# A refreeze is full when the interval before it saw at most this much activity
+# (requests answered plus events logged: 20 a second), or when the last full one is
+# FULL_REFREEZE_MAX_S old (a busy server still sweeps and gives memory back).
+QUIET_ACTIVITY_MAX = 100
+FULL_REFREEZE_MAX_S = 60.0
 
 
 def configure() -> None:
@@ -71,15 +84,53 @@ def configure() -> None:
 SWEPT = "swept"
 YOUNG_COLLECTED = "young_collected"
 FROZEN_ONLY = "frozen_only"
+# Not a full refreeze (RefreezeSchedule): frozen, nothing collected or released.
+DEFERRED = "deferred"
+
+
+class RefreezeSchedule:
+    """Which refreezes are full. A full one pauses the loop (the collection; the
+    release too unless it runs on a thread), and every request that arrives meanwhile
+    waits, so it is made only when few would: after an interval of at most
+    QUIET_ACTIVITY_MAX requests and events, or once FULL_REFREEZE_MAX_S have passed
+    since the last full one. Between them a refreeze only freezes (microseconds).
+
+    A server back to quiet after a burst is swept and trimmed at the next refreeze
+    (RSS after, issue 13); a busy one pays the pause once a minute, not every 5 s."""
+
+    __slots__ = ("activity", "last_full")
+
+    def __init__(self, now: float, activity: int) -> None:
+        self.activity = activity
+        self.last_full = now
+
+    def full(self, now: float, activity: int) -> bool:
+        """Whether the refreeze at `now` is full; `activity` is a running count of
+        what the server did (requests answered, events logged)."""
+        quiet = activity - self.activity <= QUIET_ACTIVITY_MAX
+        self.activity = activity
+        if quiet or now - self.last_full >= FULL_REFREEZE_MAX_S:
+            self.last_full = now
+            return True
+        return False
 
 
 def refreeze(
-    sweep_blocks_max: int = SWEEP_BLOCKS_MAX, young_collect_max: int = YOUNG_COLLECT_MAX
+    sweep_blocks_max: int = SWEEP_BLOCKS_MAX,
+    young_collect_max: int = YOUNG_COLLECT_MAX,
+    *,
+    full: bool = True,
+    release: Callable[[], object] | None = None,
 ) -> str:
     """Move the survivors of the last interval out of the collector's reach, and
-    give the heap's free pages back to the system. A small heap is first swept
-    whole (frozen objects included); a large one has its young objects collected
-    when they are few. Returns what it did (SWEPT, YOUNG_COLLECTED, FROZEN_ONLY)."""
+    give the heap's free pages back to the system (`release`, default
+    release_free_memory). A small heap is first swept whole (frozen objects
+    included); a large one has its young objects collected when they are few. Not
+    `full`: only the freeze. Returns what it did (SWEPT, YOUNG_COLLECTED,
+    FROZEN_ONLY, DEFERRED)."""
+    if not full:
+        gc.freeze()
+        return DEFERRED
     if heap_size() <= sweep_blocks_max:
         gc.unfreeze()
         gc.collect()
@@ -92,7 +143,10 @@ def refreeze(
     else:
         done = FROZEN_ONLY
     gc.freeze()
-    release_free_memory()
+    if release is None:
+        release_free_memory()
+    else:
+        release()
     return done
 
 

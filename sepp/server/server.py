@@ -218,6 +218,10 @@ class SeppServer:
         self.exit_code = EXIT_OK
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The periodic refreeze (gcpolicy): which ones are full, and the release of
+        # free pages running on the executor, if one is.
+        self._refreezes: gcpolicy.RefreezeSchedule | None = None
+        self._releasing: asyncio.Future[bool] | None = None
         self._stopped = asyncio.Event()
         self._shutdown_task: asyncio.Task[None] | None = None
         server = config.values["server"]
@@ -653,8 +657,30 @@ class SeppServer:
     def _schedule_refreeze(self) -> None:
         if self.stopping or self._loop is None:
             return
-        gcpolicy.refreeze()
+        now = time.monotonic()
+        activity = self._activity()
+        if self._refreezes is None:
+            self._refreezes = gcpolicy.RefreezeSchedule(now, activity)
+        full = self._refreezes.full(now, activity)
+        gcpolicy.refreeze(full=full, release=self._release_free_memory)
         self._loop.call_later(gcpolicy.FREEZE_INTERVAL_S, self._schedule_refreeze)
+
+    def _activity(self) -> int:
+        """A running count of what the server did: requests answered on the native
+        front (when request metrics are on), and events logged (what the other fronts
+        and the clock did)."""
+        engine = self.service.engine
+        requests = self.service.metrics.requests  # None: request metrics are off
+        answered = 0 if requests is None else sum(requests.counts.values())
+        return answered + (0 if engine is None else engine.appended_seq)
+
+    def _release_free_memory(self) -> None:
+        """Give the heap's free pages back on the loop's executor: a purge after a
+        burst took ~100 ms, and the C call lets go of the GIL, so the loop answers
+        meanwhile. One at a time."""
+        if self._loop is None or (self._releasing is not None and not self._releasing.done()):
+            return
+        self._releasing = self._loop.run_in_executor(None, gcpolicy.release_free_memory)
 
 
 class ClientConnection(asyncio.Protocol):
