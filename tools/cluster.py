@@ -438,6 +438,7 @@ def _spawn(command: list[str], log_path: str) -> int:
     its PID. Popen objects are not kept by the caller (the processes outlive
     `up`): a child of this process is reaped when it exits, so that a dead one is
     not a zombie."""
+    _reap_exited()
     log = open(log_path, "ab")  # noqa: SIM115 (the child keeps it)
     try:
         proc = subprocess.Popen(
@@ -489,6 +490,15 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def _reap_exited() -> None:
+    """Reap every child of this process that has exited, keeping its exit code. A
+    child that died without a wait here (killed and restarted under a new PID, or
+    exited on its own) stayed a zombie, its Popen without an exit code: "subprocess
+    N is still running" when the interpreter exited (once per test session)."""
+    for pid in list(_children):
+        _reap(pid)
+
+
 def _wait_gone(server: NatsServer | SeppNode, deadline_s: float) -> bool:
     deadline = time.monotonic() + deadline_s
     while True:
@@ -503,6 +513,7 @@ def _wait_gone(server: NatsServer | SeppNode, deadline_s: float) -> bool:
 
 def _stop(server: NatsServer | SeppNode, deadline_s: float) -> None:
     if not server.alive():
+        _reap(server.pid)  # gone already, perhaps a zombie of this process
         return
     # A paused server cannot act on SIGTERM.
     os.kill(server.pid, signal.SIGCONT)

@@ -4,6 +4,7 @@ down stops exactly those PIDs, never a process that merely reuses one."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,38 @@ def test_down_without_a_recorded_cluster_says_so(tmp_path: Path) -> None:
     down = _run("down", "--dir", str(tmp_path))
     assert down.returncode == 1
     assert "no cluster recorded" in down.stderr
+
+
+def _exited_child(tmp_path: Path, code: int) -> int:
+    """A child of this process (spawned as the tool spawns servers) that has exited
+    and is not reaped yet: a zombie."""
+    pid = local_cluster._spawn(
+        [sys.executable, "-c", f"raise SystemExit({code})"], str(tmp_path / "child.log")
+    )
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # wait for the exit, leave it unreaped
+    return pid
+
+
+def test_stopping_a_server_that_already_exited_reaps_it(tmp_path: Path) -> None:
+    # A server that died without a wait in the tool stayed a zombie with an unwaited
+    # Popen: one "ResourceWarning: subprocess N is still running" per test session.
+    pid = _exited_child(tmp_path, 3)
+    server = local_cluster.NatsServer(
+        name="n1", client_port=1, cluster_port=2, monitor_port=3,
+        config_path=str(tmp_path / "nats.conf"), log_path=str(tmp_path / "child.log"), pid=pid,
+    )  # fmt: skip
+    local_cluster.stop_cluster(local_cluster.JetStreamCluster(dir=str(tmp_path), servers=[server]))
+    assert pid not in local_cluster._children
+    assert local_cluster.exit_codes[pid] == 3
+
+
+def test_starting_a_process_reaps_those_that_exited_before(tmp_path: Path) -> None:
+    pid = _exited_child(tmp_path, 4)
+    again = local_cluster._spawn([sys.executable, "-c", "pass"], str(tmp_path / "again.log"))
+    try:
+        assert pid not in local_cluster._children
+        assert local_cluster.exit_codes[pid] == 4
+    finally:
+        os.waitid(os.P_PID, again, os.WEXITED | os.WNOWAIT)
+        local_cluster._reap_exited()
+    assert again not in local_cluster._children
