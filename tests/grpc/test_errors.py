@@ -176,7 +176,9 @@ async def test_a_failed_sync_answers_the_calls_waiting_for_it_internal():
         assert await asyncio.wait_for(server.wait_stopped(), 30) == EXIT_STORAGE_FAILED
     codes = [o.code() for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
     # Never OK: INTERNAL when the outcome is unknown (applied, maybe not on disk),
-    # UNAVAILABLE when refused untouched after the failure.
+    # UNAVAILABLE when refused untouched after the failure. Each call is its own
+    # HTTP/2 stream, so which one the server reaches first is not the list's order;
+    # whichever it is was applied and waited for the failed sync.
     assert len(codes) == 3, outcomes
-    assert codes[0] == S.INTERNAL
+    assert S.INTERNAL in codes, codes
     assert set(codes) <= {S.INTERNAL, S.UNAVAILABLE}
