@@ -13,7 +13,8 @@ connections enqueue `--jobs` 256-byte jobs one per request, then 50 worker
 connections reserve + ack them (benchmark-method.md; no latency phase). Each
 cluster round uses its own queue. Prints every round, then the medians: enqueue
 and drain jobs/s of each, the cluster/single ratios (target >= 60 %), and the
-follower apply lag p50 / p99 (target p99 <= 50 ms).
+follower apply lag p50 / p99 (target p99 <= 50 ms), and the CPU of each of the
+cluster's processes (nats 1-3, leader, followers, probe; share of one core).
 
 Follower apply lag: a fourth follower process (the probe) tails the stream with
 the followers' own apply path -- `JetStreamLog.read_from` + `LogApplier.apply`,
@@ -100,15 +101,21 @@ def _hello(port: int) -> dict[str, Any]:
 
 def _cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system) of these processes so far, from /proc."""
-    total = 0
+    return sum(_cpu_each(pids))
+
+
+def _cpu_each(pids: list[int]) -> list[float]:
+    """CPU seconds (user + system) of each process so far (0 once it is gone)."""
+    seconds = []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
+            seconds.append(0.0)
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        seconds.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return seconds
 
 
 class Cluster:
@@ -169,6 +176,16 @@ class Cluster:
     def pids(self) -> list[int]:
         return [s.pid for s in self.js.servers] + [n.proc.pid for n in self.nodes]
 
+    def roles(self) -> list[tuple[str, int]]:
+        """(role, pid) of every process of the cluster, the probe included."""
+        roles = [(f"nats {i + 1}", s.pid) for i, s in enumerate(self.js.servers)]
+        followers = [n for n in self.nodes if n is not self.leader]
+        roles.append(("leader", self.leader.proc.pid))
+        roles += [(f"follower {i + 1}", n.proc.pid) for i, n in enumerate(followers)]
+        if self.probe is not None:
+            roles.append(("probe", self.probe.pid))
+        return roles
+
     def lags_between(self, start_ms: float, end_ms: float) -> dict[str, list[float]]:
         """The probe's samples of batches applied in [start_ms, end_ms]."""
         lags: dict[str, list[float]] = {"ack": [], "decided": [], "append": []}
@@ -205,6 +222,8 @@ def cluster_round(
     cluster: Cluster, connections: int, jobs: int, pin: bool, queue: str
 ) -> dict[str, Any]:
     pids = cluster.pids()
+    roles = cluster.roles()
+    each0 = _cpu_each([pid for _, pid in roles])
     cpu0, wall0 = _cpu_s(pids), time.time()
     result = loadgen(
         cluster.leader.port,
@@ -217,6 +236,10 @@ def cluster_round(
     )
     wall1 = time.time()
     result["cluster_cpu"] = (_cpu_s(pids) - cpu0) / (wall1 - wall0)
+    each1 = _cpu_each([pid for _, pid in roles])
+    result["role_cpu"] = [
+        (role, (b - a) / (wall1 - wall0)) for (role, _), a, b in zip(roles, each0, each1)
+    ]
     # Give the probe a moment to apply the last batches of the window.
     deadline = time.monotonic() + 5
     lags = cluster.lags_between(wall0 * 1000, wall1 * 1000)
@@ -436,6 +459,15 @@ def main() -> None:
         + " / ".join(f"{r['enqueue']['client_cpu']:.0%}" for v in variants for r in clustered[v])
         + ")"
     )
+    for variant in variants:
+        shares: dict[str, list[float]] = {}
+        for r in clustered[variant]:
+            for role, share in r["role_cpu"]:
+                shares.setdefault(role, []).append(share)
+        print(
+            f"CPU by process, {_label(variant)}, median of rounds (share of one core): "
+            + ", ".join(f"{role} {median(v):.0%}" for role, v in shares.items())
+        )
 
 
 def _label(appends_in_flight: int | None) -> str:
