@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import bench_client, bench_e2e, bench_requests, common
+from benchmarks import bench_client, bench_cluster, bench_e2e, bench_requests, common
 from benchmarks.common import check_builds, server_loop, server_sync
 from benchmarks.compare import (
     ClientRow,
@@ -281,3 +282,24 @@ def test_the_instruction_fit_recovers_fixed_per_job_and_per_second_costs() -> No
     assert fixed == pytest.approx(2e9)
     assert per_job == pytest.approx(500_000)
     assert per_second == pytest.approx(7e6)
+
+
+def test_the_followers_lag_is_read_from_cumulative_buckets_as_prometheus_does() -> None:
+    inf = float("inf")
+    before = {0.01: 5.0, 0.05: 5.0, 0.1: 5.0, inf: 5.0}
+    after = {0.01: 55.0, 0.05: 103.0, 0.1: 104.0, inf: 105.0}
+    delta = bench_cluster._bucket_delta(after, before)
+    assert delta == {0.01: 50.0, 0.05: 98.0, 0.1: 99.0, inf: 100.0}
+    # 98 of 100 within 50 ms: the target (>= 99 %) missed, said exactly.
+    assert bench_cluster._within(delta, 0.05) == 0.98
+    # The median is the 50th observation: the top of the first bucket (10 ms).
+    assert bench_cluster._bucket_quantile(delta, 0.5) == pytest.approx(10.0)
+    # The 99th: the one observation in the 50-100 ms bucket, its top.
+    assert bench_cluster._bucket_quantile(delta, 0.99) == pytest.approx(100.0)
+    # Halfway into the 10-50 ms bucket's 48 observations: 30 ms.
+    assert bench_cluster._bucket_quantile(delta, 0.74) == pytest.approx(30.0)
+    # In the +Inf bucket: the highest finite bound, never infinity.
+    assert bench_cluster._bucket_quantile(delta, 1.0) == pytest.approx(100.0)
+    empty = {0.05: 0.0, inf: 0.0}
+    assert math.isnan(bench_cluster._bucket_quantile(empty, 0.99))
+    assert math.isnan(bench_cluster._within(empty, 0.05))

@@ -7,7 +7,8 @@ gauges from the state, the log and snapshot figures from the engine), and
 
 In cluster mode (`service.cluster_metrics`) the node's figures too, leader or
 follower: `sepp_cluster_role`, `_epoch`, `_log_seq`, `_leader_changes_total`,
-`_apply_lag_seconds`, `_append_duration_seconds`, `_appends_in_flight`.
+`_apply_lag_seconds`, `_replication_lag_seconds`, `_append_duration_seconds`,
+`_appends_in_flight`.
 
 Promises: nothing here runs on the request path; a scrape reads plain numbers on
 the loop thread, O(queues) work, and never waits for storage. Labels are bounded:
@@ -299,6 +300,13 @@ def _cluster(
         "clock) to its apply here (this node's clock; clock skew between machines "
         "included; a node catching up counts its backlog).",
         counts.apply_lag,
+    )
+    yield _histogram(
+        "sepp_cluster_replication_lag_seconds",
+        "Per log message a follower applied: from JetStream storing it (the stream "
+        "leader's clock, before it acknowledged the append) to its apply here (this "
+        "node's clock): replication and apply without the leader's group commit.",
+        counts.replication_lag,
     )
     yield _histogram(
         "sepp_cluster_append_duration_seconds",

@@ -503,7 +503,8 @@ class JetStreamLog:
                     except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
                         break
                     quiet_s = 0.0
-                    got = msg.metadata.sequence.stream
+                    metadata = msg.metadata
+                    got = metadata.sequence.stream
                     if got < expected:
                         continue
                     if got > expected:
@@ -514,7 +515,8 @@ class JetStreamLog:
                         if expected < first:
                             raise Purged(expected, first)
                         break  # a gap: start again from the sequence expected
-                    yield Entry(got, msg.data)
+                    # The ack subject's time is the message's stored time.
+                    yield Entry(got, msg.data, metadata.timestamp.timestamp() * 1000)
                     expected += 1
             finally:
                 with contextlib.suppress(Exception):  # the connection may be gone

@@ -5,8 +5,8 @@ Owns: `NodeMetrics` (what the node and its committer count as they go) and
 in flight, and the counts).
 
 Promises: nothing here is per job. The node observes once per log message it
-applies (a follower's apply lag) and the committer once per append (its
-latency); a scrape reads plain numbers on the loop thread.
+applies (a follower's apply lag and replication lag) and the committer once per
+append (its latency); a scrape reads plain numbers on the loop thread.
 
 Must not import: sepp.server, prometheus_client.
 """
@@ -46,6 +46,9 @@ class NodeMetrics:
     # node taking over (the first epoch it learns, at boot, is not counted).
     leader_changes: int = 0
     apply_lag: Histogram = field(default_factory=lambda: Histogram(APPLY_LAG_BUCKETS))
+    # From the log storing a message (JetStream's stream leader, before it
+    # acknowledges the append) to its apply here: replication and apply alone.
+    replication_lag: Histogram = field(default_factory=lambda: Histogram(APPLY_LAG_BUCKETS))
     append_duration: Histogram = field(default_factory=lambda: Histogram(APPEND_DURATION_BUCKETS))
 
 

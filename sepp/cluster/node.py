@@ -283,13 +283,18 @@ class ClusterNode:
     async def _tail(self) -> None:
         applier = self.applier
         lag = self.metrics.apply_lag
+        replication_lag = self.metrics.replication_lag
         async for entry in self.log.read_from(applier.log_seq + 1):
             skipped = applier.skipped
             applier.apply(entry)
             if applier.skipped == skipped:
                 # Per message (a group commit), never per job: the decided time
-                # is the leader's clock, the apply time this node's.
-                lag.observe(max(0, self.clock_ms() - applier.tip.time_ms) / 1000)
+                # is the leader's clock, the stored time the log's, the apply
+                # time this node's.
+                now_ms = self.clock_ms()
+                lag.observe(max(0, now_ms - applier.tip.time_ms) / 1000)
+                if entry.stored_ms:
+                    replication_lag.observe(max(0, now_ms - entry.stored_ms) / 1000)
             self._advance_epoch(applier.tip.epoch)
             if self.snapshot_every and applier.log_seq - self.snapshot_seq >= self.snapshot_every:
                 await self._snapshot()

@@ -16,7 +16,9 @@ Promises (every implementation):
   `first()` may have been purged (`purge_below`).
 - `read(seq, limit)` returns the messages from `seq` on (at most `limit`, fewer
   at the tail, none past it); `read_from(seq)` yields them forever as the log
-  grows (a follower's tail), in order, never skipping one.
+  grows (a follower's tail), in order, never skipping one, each with the time
+  the log stored it where the log knows it (`Entry.stored_ms`; for JetStream
+  the stream leader's clock, set before it acknowledges the append).
 - `Lease.acquire` succeeds for one holder at a time: it creates the record when
   none is held (or the last one lapsed) and fails when another holder's record
   is live. `renew` succeeds only for the holder whose record is current
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -63,10 +65,12 @@ class Purged(ReplicatedLogError):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One message of the log."""
+    """One message of the log. `stored_ms`: when the log stored it (ms since the
+    epoch, the log's clock: JetStream's stream leader); 0 when not known."""
 
     seq: int
     data: bytes
+    stored_ms: float = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +132,13 @@ class MemoryLog:
     """A `ReplicatedLog` in one process's memory. `fail_next` injects faults for
     tests: "refuse" (as if another writer appended), "unknown_lost" (the
     outcome is unknown and nothing was appended) or "unknown_applied" (unknown,
-    but appended)."""
+    but appended). With `clock_ms`, each message's `stored_ms` is that clock's
+    reading when it was appended (else 0: not known)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
+        self._clock_ms = clock_ms
         self._messages: list[bytes] = []
+        self._stored_ms: list[int] = []
         self._first = 1
         self._grown = asyncio.Condition()
         self.fail_next: list[str] = []
@@ -147,6 +154,7 @@ class MemoryLog:
         if fault == "unknown_lost":
             raise AppendOutcomeUnknown("injected: append lost")
         self._messages.append(bytes(data))
+        self._stored_ms.append(0 if self._clock_ms is None else self._clock_ms())
         async with self._grown:
             self._grown.notify_all()
         if fault == "unknown_applied":
@@ -163,8 +171,9 @@ class MemoryLog:
         if seq < self._first:
             raise Purged(seq, self._first)
         start = seq - self._first
-        chunk = self._messages[start : start + max(limit, 0)]
-        return [Entry(seq + i, data) for i, data in enumerate(chunk)]
+        end = start + max(limit, 0)
+        chunk = zip(self._messages[start:end], self._stored_ms[start:end], strict=True)
+        return [Entry(seq + i, data, stored) for i, (data, stored) in enumerate(chunk)]
 
     async def read_from(self, seq: int) -> AsyncIterator[Entry]:
         while True:
@@ -178,6 +187,7 @@ class MemoryLog:
     async def purge_below(self, seq: int) -> None:
         drop = min(max(seq - self._first, 0), len(self._messages))
         del self._messages[:drop]
+        del self._stored_ms[:drop]
         self._first += drop
 
 

@@ -55,6 +55,20 @@ async def _connected(cluster: JetStreamCluster, **options: Any) -> AsyncIterator
         await nc.close()
 
 
+@asynccontextmanager
+async def _resources(
+    cluster: JetStreamCluster,
+) -> AsyncIterator[tuple[NATS, jetstream.ClusterResources]]:
+    """A connection and a fresh stream, lease bucket and blob store on it."""
+    async with _connected(cluster) as nc:
+        yield (
+            nc,
+            await jetstream.ensure_cluster_resources(
+                nc, _names(), monitor_urls=cluster.monitor_urls()
+            ),
+        )
+
+
 # How long a test's own JetStream admin call is tried again: on a busy machine a
 # request can time out (the client's 1 s pings declare a stalled connection dead
 # and reconnect) or meet a 503 while the cluster settles.
@@ -186,13 +200,31 @@ async def test_an_unreachable_monitoring_url_is_refused(
             )
 
 
+async def test_a_tailed_message_carries_the_time_jetstream_stored_it(
+    jetstream_cluster: JetStreamCluster,
+) -> None:
+    # Same machine, same clock: the stored time lies between the request and
+    # its acknowledgement (a millisecond of slack for the float's rounding).
+    async with _resources(jetstream_cluster) as (_, res):
+        spans = []
+        for seq in range(3):
+            before_ms = time.time() * 1000
+            await res.log.append_if(seq, b"m%d" % seq)
+            spans.append((before_ms, time.time() * 1000))
+        tail = res.log.read_from(1)
+        try:
+            got = [await asyncio.wait_for(anext(tail), TAIL_DEADLINE_S) for _ in range(3)]
+        finally:
+            await tail.aclose()
+    assert [e.seq for e in got] == [1, 2, 3]
+    for entry, (before_ms, after_ms) in zip(got, spans, strict=True):
+        assert before_ms - 1 <= entry.stored_ms <= after_ms + 1, (entry, before_ms, after_ms)
+
+
 async def test_an_append_on_a_lost_connection_has_an_unknown_outcome(
     jetstream_cluster: JetStreamCluster,
 ) -> None:
-    async with _connected(jetstream_cluster) as nc:
-        res = await jetstream.ensure_cluster_resources(
-            nc, _names(), monitor_urls=jetstream_cluster.monitor_urls()
-        )
+    async with _resources(jetstream_cluster) as (nc, res):
         await nc.close()
         with pytest.raises(AppendOutcomeUnknown):
             await res.log.append_if(0, b"lost")
@@ -201,10 +233,7 @@ async def test_an_append_on_a_lost_connection_has_an_unknown_outcome(
 async def test_a_message_larger_than_one_mib_is_refused_and_not_appended(
     jetstream_cluster: JetStreamCluster,
 ) -> None:
-    async with _connected(jetstream_cluster) as nc:
-        res = await jetstream.ensure_cluster_resources(
-            nc, _names(), monitor_urls=jetstream_cluster.monitor_urls()
-        )
+    async with _resources(jetstream_cluster) as (_, res):
         with pytest.raises(ReplicatedLogError) as refused:
             await res.log.append_if(0, b"x" * (jetstream.MAX_MESSAGE_BYTES + 1))
         assert not isinstance(refused.value, AppendOutcomeUnknown)

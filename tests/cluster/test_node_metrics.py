@@ -2,8 +2,8 @@
 three SeppServers in one process on an in-memory log and lease, every node's
 clock the same manual clock (the followers' 250 ms ahead, so a batch's apply lag
 is exactly that). The leader and the followers each expose their role, epoch,
-log sequence, leader changes, apply lag (followers), append latency (leader)
-and appends in flight; a planned handover counts one leader change."""
+log sequence, leader changes, apply and replication lag (followers), append
+latency (leader) and appends in flight; a planned handover counts one leader change."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sepp.cluster.node import LEASE_RENEW_MS
+from sepp.cluster.replog import MemoryLog
 from sepp.server.cluster_mode import ClusterBackend
 from sepp.server.server import SeppServer
 from tests.cluster.test_node_roles import settle
@@ -31,6 +32,11 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class MetricsTrio(Trio):
+    def __init__(self) -> None:
+        super().__init__()
+        # The log stamps each message with the leader's clock when it stores it.
+        self.log = MemoryLog(self.clock)
+
     async def start_node(self, node_id: str, skew_ms: int = 0) -> SeppServer:
         config = in_process_config(
             cluster__node_id=node_id,
@@ -114,6 +120,7 @@ async def test_every_node_exposes_its_role_epoch_log_seq_and_lags() -> None:
         assert appends == node.committer.appends >= 2
         assert value(lead, "sepp_cluster_append_duration_seconds_bucket", le="+Inf") == appends
         assert value(lead, "sepp_cluster_apply_lag_seconds_count") == 0  # it applies nothing
+        assert value(lead, "sepp_cluster_replication_lag_seconds_count") == 0
 
         for follower in followers:
             samples = await scrape(follower)
@@ -137,6 +144,14 @@ async def test_every_node_exposes_its_role_epoch_log_seq_and_lags() -> None:
             )
             assert in_bucket == 1
             assert value(samples, "sepp_cluster_apply_lag_seconds_bucket", le="0.1") == 0
+            # Stored by the log on the leader's clock, so the same 250 ms.
+            stored = value(samples, "sepp_cluster_replication_lag_seconds_count")
+            assert stored == value(old, "sepp_cluster_replication_lag_seconds_count") + 1
+            assert stored == count
+            lag = value(samples, "sepp_cluster_replication_lag_seconds_sum") - value(
+                old, "sepp_cluster_replication_lag_seconds_sum"
+            )
+            assert lag == pytest.approx(SKEW_MS / 1000)
 
         # A planned handover: the new leader counts one leader change, epoch 2.
         await leader.shutdown()
