@@ -13,8 +13,10 @@ connections enqueue `--jobs` 256-byte jobs one per request, then 50 worker
 connections reserve + ack them (benchmark-method.md; no latency phase). Each
 cluster round uses its own queue. Prints every round, then the medians: enqueue
 and drain jobs/s of each, the cluster/single ratios (target >= 60 %), and the
-follower lag (target p99 <= 50 ms), and the CPU of each of the cluster's
-processes (nats 1-3, leader, followers, probe; share of one core).
+follower lag (target p99 <= 50 ms), the CPU of each of the cluster's
+processes (nats 1-3, leader, followers, probe; share of one core), and the
+leader's appends: how many, and how long each took from its request to
+JetStream's acknowledgement (its `sepp_cluster_append_duration_seconds`).
 
 Follower lag, as the two followers measure it: their
 `sepp_cluster_replication_lag_seconds` histograms (/metrics, read before and
@@ -92,6 +94,8 @@ NODES = ("b1", "b2", "b3")
 LEADER_DEADLINE_S = 60.0
 # The followers' histogram read after each round (sepp/admin/metrics.py).
 LAG_METRIC = "sepp_cluster_replication_lag_seconds_bucket"
+# The leader's, read likewise: how long its appends took.
+APPEND_METRIC = "sepp_cluster_append_duration_seconds_bucket"
 # The target: a follower's lag p99 at most this many seconds.
 LAG_TARGET_S = 0.05
 
@@ -211,18 +215,11 @@ class Cluster:
     def follower_lag_buckets(self) -> dict[float, float]:
         """Both followers' replication-lag histograms added up: upper bound (s,
         inf last) -> messages applied within it so far (cumulative)."""
-        buckets: dict[float, float] = {}
-        for node in self.nodes:
-            if node is self.leader:
-                continue
-            with urllib.request.urlopen(f"{node.admin}/metrics", timeout=10) as answer:
-                text = answer.read().decode()
-            for line in text.splitlines():
-                if line.startswith(LAG_METRIC + "{"):
-                    le = line.split('le="', 1)[1].split('"', 1)[0]
-                    bound = float("inf") if le == "+Inf" else float(le)
-                    buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
-        return buckets
+        return _buckets([n for n in self.nodes if n is not self.leader], LAG_METRIC)
+
+    def leader_append_buckets(self) -> dict[float, float]:
+        """The leader's append-duration histogram (request -> JetStream's ack)."""
+        return _buckets([self.leader], APPEND_METRIC)
 
     def lags_between(self, start_ms: float, end_ms: float) -> dict[str, list[float]]:
         """The probe's samples of batches applied in [start_ms, end_ms]."""
@@ -249,6 +246,21 @@ class Cluster:
             node.stop()
         local_cluster.stop_cluster(self.js)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _buckets(nodes: list[ServeProcess], metric: str) -> dict[float, float]:
+    """The histogram `metric` (its `_bucket` series) of these nodes' /metrics,
+    added up: upper bound (s, inf last) -> observations within it (cumulative)."""
+    buckets: dict[float, float] = {}
+    for node in nodes:
+        with urllib.request.urlopen(f"{node.admin}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        for line in text.splitlines():
+            if line.startswith(metric + "{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                bound = float("inf") if le == "+Inf" else float(le)
+                buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
 
 
 def _bucket_quantile(buckets: dict[float, float], fraction: float) -> float:
@@ -280,6 +292,15 @@ def _within(buckets: dict[float, float], bound: float) -> float:
     return buckets[bound] / total if total else float("nan")
 
 
+def _added(results: list[dict[str, Any]], key: str) -> dict[float, float]:
+    """The histograms `key` of several rounds, added up bucket by bucket."""
+    total: dict[float, float] = {}
+    for r in results:
+        for bound, count in r[key].items():
+            total[bound] = total.get(bound, 0.0) + count
+    return total
+
+
 def _bucket_delta(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
     return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
 
@@ -297,6 +318,7 @@ def cluster_round(
     pids = cluster.pids()
     roles = cluster.roles()
     buckets0 = cluster.follower_lag_buckets()
+    appends0 = cluster.leader_append_buckets()
     each0 = _cpu_each([pid for _, pid in roles])
     cpu0, wall0 = _cpu_s(pids), time.time()
     result = loadgen(
@@ -316,6 +338,7 @@ def cluster_round(
     ]
     # The followers' lag: what they applied during the round and the moment after.
     result["follower_lag"] = _bucket_delta(cluster.follower_lag_buckets(), buckets0)
+    result["leader_appends"] = _bucket_delta(cluster.leader_append_buckets(), appends0)
     # Give the probe a moment to apply the last batches of the window.
     deadline = time.monotonic() + 5
     lags = cluster.lags_between(wall0 * 1000, wall1 * 1000)
@@ -508,10 +531,7 @@ def main() -> None:
     summary = []
     for variant in variants:
         results = clustered[variant]
-        added: dict[float, float] = {}
-        for r in results:
-            for bound, count in r["follower_lag"].items():
-                added[bound] = added.get(bound, 0.0) + count
+        added = _added(results, "follower_lag")
         for phase in ("enqueue", "drain"):
             summary.append((
                 f"{phase}, {_label(variant)}", med(single, phase), med(results, phase),
@@ -567,6 +587,14 @@ def main() -> None:
         print(
             f"CPU by process, {_label(variant)}, median of rounds (share of one core): "
             + ", ".join(f"{role} {median(v):.0%}" for role, v in shares.items())
+        )
+        appends = _added(clustered[variant], "leader_appends")
+        jobs = sum(r["enqueue"]["jobs"] for r in clustered[variant])
+        print(
+            f"leader's appends, {_label(variant)}, all rounds (its /metrics): "
+            f"{appends.get(float('inf'), 0):,.0f} for {jobs:,} jobs enqueued and drained, "
+            f"request -> acknowledgement ~p50 {_bucket_quantile(appends, 0.5):.1f} ms, "
+            f"~p99 {_bucket_quantile(appends, 0.99):.1f} ms"
         )
 
 
