@@ -38,6 +38,10 @@ def test_up_prints_three_client_urls_and_down_stops_exactly_those_pids(tmp_path:
         assert all(s.alive() for s in recorded.servers)
         config = Path(recorded.servers[0].config_path).read_text()
         assert "sync_interval: always" in config
+        # Each server sized for its share of the machine (same environment here).
+        expected = f"GOMAXPROCS={local_cluster.nats_env()['GOMAXPROCS']}".encode()
+        for server in recorded.servers:
+            assert expected in Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
         again = _run("up", "--dir", str(tmp_path))
         assert again.returncode == 1
         assert "running" in again.stderr
@@ -112,3 +116,15 @@ def test_starting_a_process_reaps_those_that_exited_before(tmp_path: Path) -> No
         os.waitid(os.P_PID, again, os.WEXITED | os.WNOWAIT)
         local_cluster._reap_exited()
     assert again not in local_cluster._children
+
+
+def test_each_local_server_gets_a_third_of_the_cores_unless_gomaxprocs_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    assert local_cluster.nats_env(2)["GOMAXPROCS"] == "1"
+    assert local_cluster.nats_env(12)["GOMAXPROCS"] == "4"
+    assert local_cluster.nats_env(1)["GOMAXPROCS"] == "1"
+    monkeypatch.setenv("GOMAXPROCS", "7")
+    assert local_cluster.nats_env(2)["GOMAXPROCS"] == "7"
+    assert local_cluster.nats_env(2)["PATH"] == os.environ["PATH"]
