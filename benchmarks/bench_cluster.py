@@ -119,11 +119,6 @@ def _hello(port: int) -> dict[str, Any]:
     return dict(body)
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) of these processes so far, from /proc."""
-    return sum(_cpu_each(pids))
-
-
 def _cpu_each(pids: list[int]) -> list[float]:
     """CPU seconds (user + system) of each process so far (0 once it is gone)."""
     seconds = []
@@ -198,9 +193,6 @@ class Cluster:
                     return node
             time.sleep(0.1)
         raise RuntimeError(f"no sepp node led within {LEADER_DEADLINE_S} s")
-
-    def pids(self) -> list[int]:
-        return [s.pid for s in self.js.servers] + [n.proc.pid for n in self.nodes]
 
     def roles(self) -> list[tuple[str, int]]:
         """(role, pid) of every process of the cluster, the probe included."""
@@ -315,12 +307,10 @@ def _percentile(values: list[float], fraction: float) -> float:
 def cluster_round(
     cluster: Cluster, connections: int, jobs: int, pin: bool, queue: str
 ) -> dict[str, Any]:
-    pids = cluster.pids()
     roles = cluster.roles()
     buckets0 = cluster.follower_lag_buckets()
     appends0 = cluster.leader_append_buckets()
-    each0 = _cpu_each([pid for _, pid in roles])
-    cpu0, wall0 = _cpu_s(pids), time.time()
+    each0, wall0 = _cpu_each([pid for _, pid in roles]), time.time()
     result = loadgen(
         cluster.leader.port,
         pin,
@@ -330,12 +320,12 @@ def cluster_round(
         queue=queue,
         server_pid=cluster.leader.proc.pid,
     )
-    wall1 = time.time()
-    result["cluster_cpu"] = (_cpu_s(pids) - cpu0) / (wall1 - wall0)
-    each1 = _cpu_each([pid for _, pid in roles])
+    each1, wall1 = _cpu_each([pid for _, pid in roles]), time.time()
     result["role_cpu"] = [
         (role, (b - a) / (wall1 - wall0)) for (role, _), a, b in zip(roles, each0, each1)
     ]
+    # The cluster's own processes (3 nats + 3 sepp), the probe left out.
+    result["cluster_cpu"] = sum(share for role, share in result["role_cpu"] if role != "probe")
     # The followers' lag: what they applied during the round and the moment after.
     result["follower_lag"] = _bucket_delta(cluster.follower_lag_buckets(), buckets0)
     result["leader_appends"] = _bucket_delta(cluster.leader_append_buckets(), appends0)

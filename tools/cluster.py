@@ -453,8 +453,8 @@ def nats_env(cores: int | None = None) -> dict[str, str]:
 
 def _spawn(command: list[str], log_path: str, env: dict[str, str] | None = None) -> int:
     """Start `command` in its own session (with `env`, else this environment),
-    its output appended to `log_path`; its PID. Popen objects are not kept by the caller (the processes outlive
-    `up`): a child of this process is reaped when it exits, so that a dead one is
+    its output appended to `log_path`; its PID. Popen objects are not kept by
+    the caller (the processes outlive `up`): a child of this process is reaped when it exits, so that a dead one is
     not a zombie."""
     _reap_exited()
     log = open(log_path, "ab")  # noqa: SIM115 (the child keeps it)
