@@ -41,14 +41,13 @@ import asyncio
 import itertools
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = b"x" * 256
@@ -346,7 +345,7 @@ def sync_worker_phase(addr: str, jobs: int, concurrency: int, server_pid: int) -
 def child_main(args: argparse.Namespace) -> None:
     if args.pin:
         pin_to(1)
-    addr = f"127.0.0.1:{args.port}"
+    addr = args.addr or f"127.0.0.1:{args.port}"
     loop_name = args.loop
     if loop_name == "uvloop":
         import uvloop
@@ -388,8 +387,37 @@ def pin_to(core: int) -> None:
 # --- the orchestrator ----------------------------------------------------------------
 
 
+class ChildOptions(TypedDict, total=False):
+    """`run_child`'s settings, passed on by `run_once`."""
+
+    concurrency: int
+    rounds: int
+    pin: bool
+    loop: str
+    build: str | None
+    timeout: float
+
+
 def run_once(
-    mode: str,
+    mode: str, phases: Sequence[str], jobs: int, **options: Unpack[ChildOptions]
+) -> dict[str, Any]:
+    """One fresh `sepp serve` (pinned to core 0 unless `pin` is False) and one client
+    process (`run_child`) running `phases`; the client's JSON result, one entry per
+    phase."""
+    from benchmarks.bench_e2e import Server
+    from log_format._compiled import build_env
+
+    build = options.get("build")
+    server = Server(mode, options.get("pin", True), build_env(build) if build is not None else {})
+    try:
+        return run_child(f"127.0.0.1:{server.port}", server.proc.pid, phases, jobs, **options)
+    finally:
+        server.stop()
+
+
+def run_child(
+    addr: str,
+    server_pid: int,
     phases: Sequence[str],
     jobs: int,
     concurrency: int = 50,
@@ -399,36 +427,21 @@ def run_once(
     build: str | None = None,
     timeout: float = 3600,
 ) -> dict[str, Any]:
-    """One fresh `sepp serve` (pinned to core 0) and one client process (pinned to
-    core 1) running `phases`; the client's JSON result, one entry per phase."""
-    from benchmarks.bench_e2e import Server
+    """The client process (pinned to core 1 if `pin`) running `phases` against the
+    server(s) at `addr`, already running (`server_pid`: whose CPU is counted); its
+    JSON result, one entry per phase."""
+    from benchmarks.common import run_json
     from log_format._compiled import build_env
 
-    server = Server(mode, pin, build_env(build) if build is not None else {})
-    try:
-        cmd = [
-            sys.executable, "-m", "benchmarks.bench_client", "--child",
-            "--port", str(server.port), "--server-pid", str(server.proc.pid),
-            "--jobs", str(jobs), "--concurrency", str(concurrency), "--rounds", str(rounds),
-            "--loop", loop, "--phases", *phases,
-        ]  # fmt: skip
-        if not pin:
-            cmd.append("--no-pin")
-        env = {**os.environ, **(build_env(build) if build is not None else {})}
-        try:
-            out = subprocess.run(
-                cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"bench_client child timed out after {timeout:.0f} s") from exc
-        if out.returncode != 0 or not out.stdout.strip():
-            raise RuntimeError(
-                f"bench_client child failed ({out.returncode}): {out.stderr.strip()[-1500:]}"
-            )
-        answer: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-        return answer
-    finally:
-        server.stop()
+    cmd = [
+        sys.executable, "-m", "benchmarks.bench_client", "--child", "--addr", addr,
+        "--server-pid", str(server_pid), "--jobs", str(jobs), "--concurrency", str(concurrency),
+        "--rounds", str(rounds), "--loop", loop, "--phases", *phases,
+    ]  # fmt: skip
+    if not pin:
+        cmd.append("--no-pin")
+    env = {**os.environ, **(build_env(build) if build is not None else {})}
+    return run_json(cmd, "bench_client child", timeout, cwd=ROOT, env=env)
 
 
 def summarize(phase: str, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -534,6 +547,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # The client process's own arguments (run_once starts it).
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    # Or the addresses to connect to, as users give them ("h1:p1,h2:p2,h3:p3"
+    # for a cluster: the client finds the leader; bench_cluster --clients).
+    parser.add_argument("--addr", default="", help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.jobs is None:
@@ -583,11 +599,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.mode,
             args.phases,
             args.jobs,
-            args.concurrency,
-            args.rounds,
-            args.pin,
-            args.loop,
-            args.build,
+            concurrency=args.concurrency,
+            rounds=args.rounds,
+            pin=args.pin,
+            loop=args.loop,
+            build=args.build,
         )
         runs.append(one)
         parts = [

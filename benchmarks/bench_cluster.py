@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_cluster [--rounds 3] [--jobs 20000] [--pin]
         [--appends-in-flight N [N ...]]   # e.g. 1 4: two clusters, rounds interleaved
+        [--clients]                       # also as users run it: SeppClient and Worker
 
 Starts a local three-server JetStream cluster (tools/cluster.py: R3, file
 storage, `sync_interval: always`) and three `sepp serve --cluster` nodes on it
@@ -47,6 +48,15 @@ probe figures carry the probe's own delays: an acknowledgement is stamped when t
 probe's loop gets to it, so a backlogged probe understates ack -> applied;
 decided -> applied is an upper bound.
 
+`--clients` measures what users run as well: in each round, after the load
+generator, `bench_client`'s `producer` (one `SeppClient`, 50 concurrent single-job
+`enqueue` calls, coalesced by the client) and `worker` (one `Worker`, no-op
+handler, `max_in_flight=50`) phases, one client process, against a fresh single
+node (`sync_data`) and then against the cluster -- given all three nodes'
+addresses, followers first, so the client finds the leader as a user's would
+(`SeppClient.connect("h1:p,h2:p,h3:p")`). Printed last: medians of jobs/s and the
+client process's CPU per job, single node and cluster, and cluster/single.
+
 With several `--appends-in-flight` values, one cluster (JetStream servers, nodes and
 any probe) runs per value, all started first; each round runs the single node, then each
 cluster in turn (the others idle meanwhile).
@@ -76,6 +86,7 @@ from typing import Any
 
 import msgpack
 
+from benchmarks import bench_client
 from benchmarks.bench_e2e import loadgen, one_run
 from benchmarks.common import (
     ServeProcess,
@@ -98,6 +109,8 @@ LAG_METRIC = "sepp_cluster_replication_lag_seconds_bucket"
 APPEND_METRIC = "sepp_cluster_append_duration_seconds_bucket"
 # The target: a follower's lag p99 at most this many seconds.
 LAG_TARGET_S = 0.05
+# `--clients`: bench_client's phases run against the single node and the cluster.
+CLIENT_PHASES = ("producer", "worker")
 
 
 def _hello(port: int) -> dict[str, Any]:
@@ -193,6 +206,12 @@ class Cluster:
                     return node
             time.sleep(0.1)
         raise RuntimeError(f"no sepp node led within {LEADER_DEADLINE_S} s")
+
+    def client_addr(self) -> str:
+        """Every node's address, as a user gives them to `SeppClient.connect`: the
+        followers first, so the client finds the leader through a redirect."""
+        followers = [n for n in self.nodes if n is not self.leader]
+        return ",".join(f"127.0.0.1:{n.port}" for n in [*followers, self.leader])
 
     def roles(self) -> list[tuple[str, int]]:
         """(role, pid) of every process of the cluster, the probe included."""
@@ -430,6 +449,13 @@ def main() -> None:
         help="the nodes' [cluster] appends_in_flight (default 4); several values: one "
         "cluster each, measured side by side, rounds interleaved",
     )
+    parser.add_argument(
+        "--clients",
+        action="store_true",
+        help="also run, each round, bench_client's producer (one SeppClient, 50 concurrent "
+        "enqueue calls) and worker (one Worker, no-op, max_in_flight 50) phases against the "
+        "single node and the cluster (all three addresses given)",
+    )
     parser.add_argument("--probe", metavar="URLS", help=argparse.SUPPRESS)
     parser.add_argument("--probe-out", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -461,6 +487,8 @@ def main() -> None:
     rows = []
     single: list[dict[str, Any]] = []
     clustered: dict[int | None, list[dict[str, Any]]] = {v: [] for v in variants}
+    single_clients: list[dict[str, Any]] = []
+    cluster_clients: dict[int | None, list[dict[str, Any]]] = {v: [] for v in variants}
     try:
         for variant in variants:
             clusters[variant] = cluster = Cluster(
@@ -494,6 +522,8 @@ def main() -> None:
                     _percentile(decided, 0.99) if decided else "",
                 ))  # fmt: skip
                 print("  ", rows[-1], flush=True)
+            if args.clients:
+                run_clients(n, clusters, args, single_clients, cluster_clients)
     finally:
         for cluster in clusters.values():
             cluster.stop()
@@ -586,6 +616,74 @@ def main() -> None:
             f"request -> acknowledgement ~p50 {_bucket_quantile(appends, 0.5):.1f} ms, "
             f"~p99 {_bucket_quantile(appends, 0.99):.1f} ms"
         )
+    if args.clients:
+        print()
+        print_table(CLIENT_HEADERS, client_rows(single_clients, cluster_clients))
+        print(
+            "(clients: one client process using only the public API, as bench_client: "
+            "producer = one SeppClient, 50 concurrent enqueue calls; worker = one Worker, "
+            "no-op handler, max_in_flight 50; the cluster's client is given all three "
+            "addresses, followers first)"
+        )
+
+
+def run_clients(
+    n: int,
+    clusters: dict[int | None, Cluster],
+    args: argparse.Namespace,
+    single: list[dict[str, Any]],
+    clustered: dict[int | None, list[dict[str, Any]]],
+) -> None:
+    """One round of `--clients`: bench_client's phases against a fresh single node
+    (`sync_data`, as the loadgen rounds), then against each cluster."""
+    phases = list(CLIENT_PHASES)
+    s = bench_client.run_once("sync_data", phases, args.jobs, pin=args.pin)
+    single.append(s)
+    parts = [f"single {_client_brief(s)}"]
+    for variant, cluster in clusters.items():
+        leader = cluster.leader.proc.pid
+        c = bench_client.run_child(cluster.client_addr(), leader, phases, args.jobs, pin=args.pin)
+        clustered[variant].append(c)
+        parts.append(f"cluster {_label(variant)} {_client_brief(c)}")
+    print(f"   clients, round {n + 1}: " + "; ".join(parts), flush=True)
+
+
+def _client_brief(result: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{p} {result[p]['jobs_per_s']:,.0f}/s {result[p]['client_us_per_job']:.0f} µs"
+        for p in CLIENT_PHASES
+        if p in result
+    )
+
+
+def client_rows(
+    single: list[dict[str, Any]], clustered: dict[int | None, list[dict[str, Any]]]
+) -> list[tuple[object, ...]]:
+    """The `--clients` table: per phase and cluster, medians over rounds of jobs/s
+    and client CPU µs per job, single node and cluster, and cluster/single."""
+    rows: list[tuple[object, ...]] = []
+    for variant, results in clustered.items():
+        for phase in CLIENT_PHASES:
+            one = bench_client.summarize(phase, single)
+            many = bench_client.summarize(phase, results)
+            if not one or not many:
+                continue
+            rows.append((
+                f"{phase}, {_label(variant)}", one["jobs_per_s"], f"{one['client_us_per_job']:.1f}",
+                many["jobs_per_s"], f"{many['client_us_per_job']:.1f}",
+                f"{many['jobs_per_s'] / one['jobs_per_s']:.0%}",
+            ))  # fmt: skip
+    return rows
+
+
+CLIENT_HEADERS = [
+    "clients (medians)",
+    "single jobs/s",
+    "single client µs/job",
+    "cluster jobs/s",
+    "cluster client µs/job",
+    "cluster/single",
+]
 
 
 def _label(appends_in_flight: int | None) -> str:

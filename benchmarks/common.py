@@ -8,6 +8,7 @@ machine it ran on and the command that reproduces it.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import shutil
@@ -19,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from log_format._compiled import build_name, stale_sources
 from sepp.server.loops import resolve_event_loop
@@ -92,6 +94,29 @@ def server_sync(persist_mode: str, setting: str | None = None) -> str:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def run_json(
+    cmd: Sequence[str],
+    what: str,
+    timeout: float,
+    *,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    error: type[Exception] = RuntimeError,
+) -> dict[str, Any]:
+    """Run a benchmark driver (`cmd`) that prints its result as one JSON line last;
+    that result. Raises `error` naming `what` if it times out, fails or prints none."""
+    try:
+        out = subprocess.run(
+            list(cmd), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"{what} timed out after {timeout:.0f} s") from exc
+    if out.returncode != 0 or not out.stdout.strip():
+        raise error(f"{what} failed ({out.returncode}): {out.stderr.strip()[-1500:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -669,11 +669,11 @@ def client_runner(
             row.setting,
             row.phases,
             row.jobs,
-            concurrency,
-            rounds,
-            pin,
-            "asyncio",
-            build,
+            concurrency=concurrency,
+            rounds=rounds,
+            pin=pin,
+            loop="asyncio",
+            build=build,
             timeout=CLIENTS_TIMEOUT,
         )
     cls = PEERS[row.key]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -268,6 +269,46 @@ def test_bench_client_runs_every_phase_through_the_public_client(
         assert result[phase]["jobs"] == want, (phase, result[phase])
         assert result[phase]["jobs_per_s"] > 0 and result[phase]["client_us_per_job"] > 0
     assert result["roundtrip"]["p50_ms"] <= result["roundtrip"]["p99_ms"]
+
+
+def test_bench_client_child_takes_the_addresses_a_user_gives(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    """bench_cluster --clients hands the child a cluster's address list: the
+    client tries each in turn (here a closed port first, then the server)."""
+    server = server_factory()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    addr = f"127.0.0.1:{closed},{server.address}"
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_client", "--child", "--no-pin", "--addr", addr,
+         "--jobs", "200", "--concurrency", "8", "--phases", "producer", "worker"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["producer"]["jobs"] == 200 and result["worker"]["jobs"] == 200
+
+
+def test_the_cluster_clients_table_sets_each_cluster_against_the_single_node() -> None:
+    def run(producer: float, worker: float, us: float) -> dict[str, Any]:
+        phase = {"jobs": 100, "client_us_per_job": us, "server_us_per_job": 1.0, "client_cpu": 0.5}
+        return {
+            "producer": {**phase, "jobs_per_s": producer},
+            "worker": {**phase, "jobs_per_s": worker},
+        }
+
+    single = [run(20_000, 10_000, 20), run(30_000, 14_000, 30), run(25_000, 12_000, 22)]
+    clustered: dict[int | None, list[dict[str, Any]]] = {
+        None: [run(5_000, 6_000, 40), run(7_500, 3_000, 50), run(6_000, 4_000, 45)]
+    }
+    rows = bench_cluster.client_rows(single, clustered)
+    assert rows == [
+        ("producer, default 4 in flight", 25_000, "22.0", 6_000, "45.0", "24%"),
+        ("worker, default 4 in flight", 12_000, "22.0", 4_000, "45.0", "33%"),
+    ]
+    # A cluster with no client rounds (or a phase not run) adds no row.
+    assert bench_cluster.client_rows(single, {2: []}) == []
 
 
 def test_the_instruction_fit_recovers_fixed_per_job_and_per_second_costs() -> None:

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from benchmarks.common import run_json
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 NODE_DIR = HERE / "node"
@@ -243,15 +245,7 @@ class Broker:
 
     def _run_driver(self, cmd: list[str], timeout: float) -> dict[str, Any]:
         assert self.proc is not None
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise DriverError(f"{self.name} driver timed out after {timeout:.0f} s") from exc
-        if out.returncode != 0 or not out.stdout.strip():
-            raise DriverError(
-                f"{self.name} driver failed ({out.returncode}): {out.stderr.strip()[-1500:]}"
-            )
-        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        result = run_json(cmd, f"{self.name} driver", timeout, cwd=ROOT, error=DriverError)
         if self.proc.poll() is not None:
             raise DriverError(f"{self.name} exited during the run: {self.log_tail()}")
         return result
