@@ -27,20 +27,29 @@ Needs the official client's environment (.venv-official, or --official-venv):
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ServeProcess, fsync_rate, machine_line, median, print_table, taskset
+from benchmarks import bench_client
+from benchmarks.common import (
+    ServeProcess,
+    fsync_rate,
+    machine_line,
+    median,
+    print_table,
+    run_json,
+    taskset,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("official", "native_raw", "native")
 TARGET_OFFICIAL_JOBS_PER_S = 4_000
+# How long one client process may run.
+CHILD_TIMEOUT_S = 1800.0
 
 
 class GrpcServer(ServeProcess):
@@ -62,11 +71,7 @@ class GrpcServer(ServeProcess):
 
 
 def _json_tail(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=1800)
-    if out.returncode != 0 or not out.stdout.strip():
-        raise RuntimeError(f"{cmd[:4]} failed ({out.returncode}): {out.stderr.strip()[-1500:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return run_json(cmd, " ".join(cmd[:4]), CHILD_TIMEOUT_S, cwd=cwd, env=env)
 
 
 def official_phase(server: GrpcServer, venv: Path, jobs: int, pin: bool) -> dict[str, Any]:
@@ -106,14 +111,10 @@ def native_raw_phase(server: GrpcServer, jobs: int, pin: bool) -> dict[str, Any]
 
 
 def native_phase(server: GrpcServer, jobs: int, pin: bool) -> dict[str, Any]:
-    cmd = [
-        sys.executable, "-m", "benchmarks.bench_client", "--child",
-        "--port", str(server.port), "--server-pid", str(server.proc.pid),
-        "--jobs", str(jobs), "--concurrency", "50", "--phases", "producer",
-    ]  # fmt: skip
-    if not pin:
-        cmd.append("--no-pin")
-    result = _json_tail(cmd, cwd=ROOT)["producer"]
+    address = f"127.0.0.1:{server.port}"
+    result = bench_client.run_child(
+        address, server.proc.pid, ["producer"], jobs, pin=pin, timeout=CHILD_TIMEOUT_S
+    )["producer"]
     # Requests are coalesced: per request is not per job here (not measured).
     result["server_us_per_rpc"] = float("nan")
     return dict(result)
