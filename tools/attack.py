@@ -324,6 +324,7 @@ class Server:
         text = line.decode(errors="replace").strip()
         if not text.startswith("sepp listening on "):
             self.exit_code = self.proc.wait()
+            self._close_stdout()
             self.start_error = f"did not start (exit {self.exit_code}): {self.log_tail(3)}"
             return False
         self.address = text.removeprefix("sepp listening on ")
@@ -350,12 +351,19 @@ class Server:
             self.proc.kill()
             code = await loop.run_in_executor(None, self.proc.wait)
         self.exit_code = code
+        self._close_stdout()
         return code
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._close_stdout()
+
+    def _close_stdout(self) -> None:
+        """The pipe its first line was read from, once it has exited."""
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def log_text(self) -> str:
         try:
@@ -566,6 +574,7 @@ class Probe:
             self.proc.kill()
             out = b""
         self.proc.wait()
+        self.proc.stdout.close()
         try:
             self.result = json.loads(out.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -885,9 +894,14 @@ async def run_attack(
     finally:
         if monitor is not None and monitor._thread.is_alive():
             monitor.stop()
-        if probe.proc is not None and probe.proc.poll() is None:
-            probe.proc.kill()
-            probe.proc.wait()
+        if probe.proc is not None:
+            if probe.proc.poll() is None:
+                probe.proc.kill()
+                probe.proc.wait()
+            for pipe in (probe.proc.stdin, probe.proc.stdout):
+                if pipe is not None and not pipe.closed:
+                    with contextlib.suppress(OSError):  # a broken pipe: nothing left to close
+                        pipe.close()
         server.kill()
     log = server.log_text()
     result.storage_failed = "storage failed" in log

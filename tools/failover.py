@@ -218,14 +218,24 @@ class ProxyThread:
         self._run(go())
 
     def close(self, proxies: list[TcpProxy]) -> None:
+        """Close `proxies`, end what their connections still run, stop the loop
+        and close it."""
+
         async def go() -> None:
             for p in proxies:
                 await p.close()
+            current = asyncio.current_task()
+            rest = [task for task in asyncio.all_tasks() if task is not current]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
 
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # cleanup: the run's verdict is already made
             self._run(go())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 # ---------------------------------------------------------------- the ledger

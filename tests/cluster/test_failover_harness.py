@@ -6,10 +6,11 @@ seeded runs are `python -m tools.failover --faults N`."""
 from __future__ import annotations
 
 import random
+import socket
 from pathlib import Path
 
 from tests.cluster.conftest import _nats_server_or_skip
-from tools.failover import LEADER_KINDS, FailoverOptions, run_failover
+from tools.failover import LEADER_KINDS, FailoverOptions, ProxyThread, run_failover
 
 PLAN = ("kill_leader", "pause_leader", "kill_leader", "kill_stream_leader", "kill_leader")
 
@@ -34,3 +35,19 @@ def test_three_leader_kills_a_pause_and_a_stream_leader_kill_lose_nothing(
     assert report.enqueues_acked > 0
     assert report.acks_acked > 0
     assert report.final_state_hash != ""
+
+
+def test_closing_the_proxy_thread_closes_its_loop_and_ends_its_connections() -> None:
+    # A proxy to a port nothing listens on, and one connection through it: its
+    # handler is running when the proxies are closed.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead_port = closed.getsockname()[1]
+    thread = ProxyThread()
+    proxy = thread.proxy(dead_port)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as conn:
+        conn.settimeout(5)
+        assert conn.recv(1) == b""  # upstream refused: the proxy closed it
+    thread.close([proxy])
+    assert thread.loop.is_closed()
+    assert not thread._thread.is_alive()
