@@ -574,12 +574,24 @@ class Probe:
             self.proc.kill()
             out = b""
         self.proc.wait()
-        self.proc.stdout.close()
+        self.close()
         try:
             self.result = json.loads(out.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
             self.result = {"latencies_ms": [], "errors": ["the probe printed no result"]}
         return self.result
+
+    def close(self) -> None:
+        """Kill the probe process if it still runs and close its pipes (again is a no-op)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None and not pipe.closed:
+                with contextlib.suppress(OSError):  # a broken pipe: nothing left to close
+                    pipe.close()
 
 
 def _project_root() -> str:
@@ -894,14 +906,7 @@ async def run_attack(
     finally:
         if monitor is not None and monitor._thread.is_alive():
             monitor.stop()
-        if probe.proc is not None:
-            if probe.proc.poll() is None:
-                probe.proc.kill()
-                probe.proc.wait()
-            for pipe in (probe.proc.stdin, probe.proc.stdout):
-                if pipe is not None and not pipe.closed:
-                    with contextlib.suppress(OSError):  # a broken pipe: nothing left to close
-                        pipe.close()
+        probe.close()
         server.kill()
     log = server.log_text()
     result.storage_failed = "storage failed" in log
