@@ -179,6 +179,13 @@ LEADER_SEARCH_BACKOFF_MAX = timedelta(seconds=1)
 LEARNED_ADDRESSES_MAX = 16
 
 
+def _not_a_job_ctx(ctx: object, takes: str) -> TypeError:
+    """The TypeError for a lease call given something other than a reserved job's
+    JobCtx; the reserved `Job` itself (the easy slip) is named."""
+    hint = " (pass job.ctx)" if isinstance(ctx, Job) else ""
+    return TypeError(f"{takes}; got {type(ctx).__name__}{hint}")
+
+
 @dataclass(frozen=True)
 class RetryDirective:
     """What a `SeppClient.nack` asks the server to do with the job next.
@@ -1429,7 +1436,7 @@ class SeppClient:
         counted. Fencing errors as for `ack`.
         """
         if not isinstance(ctx, JobCtx):
-            raise TypeError(f"release takes a JobCtx (job.ctx); got {type(ctx).__name__}")
+            raise _not_a_job_ctx(ctx, "release takes a JobCtx (job.ctx)")
         body = self._lease_body(ctx)
         body.pop("enqueued_at_ms", None)  # a release is fenced by its attempt (§5.11)
         with _otel.client_span("sepp.release"):
@@ -1438,7 +1445,10 @@ class SeppClient:
     @staticmethod
     def _lease_body(ctx: JobCtx | UndecodableJob) -> dict[str, Any]:
         """The fence of an ack / nack / extend: id, attempt and the delivery's
-        enqueued_at_ms (PROTOCOL.md §5.3), plus the worker id."""
+        enqueued_at_ms (PROTOCOL.md §5.3), plus the worker id. Anything but a
+        JobCtx or an UndecodableJob is a TypeError that says what to pass."""
+        if type(ctx) is not JobCtx and not isinstance(ctx, (JobCtx, UndecodableJob)):
+            raise _not_a_job_ctx(ctx, "ack and nack take a JobCtx (job.ctx) or an UndecodableJob")
         if isinstance(ctx, UndecodableJob):
             if ctx.id is None or ctx.attempt is None:
                 raise ValueError(
@@ -1557,6 +1567,8 @@ class SeppClient:
     @staticmethod
     def _lease_fence(ctx: JobCtx) -> tuple[str | None, int | None]:
         """The worker id and fencing token (enqueued_at_ms) `ctx`'s calls carry."""
+        if type(ctx) is not JobCtx and not isinstance(ctx, JobCtx):
+            raise _not_a_job_ctx(ctx, "extend takes a JobCtx (job.ctx)")
         lease = ctx._lease
         if lease is not None:
             return lease._worker_id, lease._enqueued_at_ms

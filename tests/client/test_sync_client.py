@@ -59,6 +59,13 @@ def test_the_consumer_calls_work_from_a_thread() -> None:
         with SyncSeppClient.connect(fake.server.address) as client:
             jobs = client.reserve(ReserveOptions(["q"], LEASE, max_jobs=3))
             assert jobs is not None and len(jobs) == 3
+            # The Job instead of its ctx: a TypeError naming the fix, and nothing sent.
+            for call in (client.ack, client.nack, client.release):
+                with pytest.raises(TypeError, match=r"got Job \(pass job\.ctx\)"):
+                    call(jobs[0])
+            with pytest.raises(TypeError, match=r"got Job \(pass job\.ctx\)"):
+                client.extend(jobs[0], LEASE)
+            assert fake.call(lambda s: [r.op for r in s.requests]) == ["hello", "reserve"]
             client.extend(jobs[0].ctx, timedelta(minutes=1))
             client.ack(jobs[0].ctx)
             assert client.nack(jobs[1].ctx, RetryDirective.DEAD_LETTER, "bad") is True

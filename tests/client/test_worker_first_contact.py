@@ -185,7 +185,19 @@ async def test_client_calls_refuse_wrongly_typed_arguments_before_sending(
             await client.nack(ctx, "default")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="timedelta"):
             await client.extend(ctx, 30)  # type: ignore[arg-type]
+        # The reserved Job itself instead of its ctx: the easy slip, named.
+        with pytest.raises(TypeError, match=r"got Job \(pass job\.ctx\)"):
+            await client.ack(jobs[0])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"got Job \(pass job\.ctx\)"):
+            await client.nack(jobs[0], RetryDirective.DEFAULT)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"got Job \(pass job\.ctx\)"):
+            await client.extend(jobs[0], LEASE)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"got Job \(pass job\.ctx\)"):
+            await client.release(jobs[0])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"JobCtx .* got NoneType$"):
+            await client.ack(None)  # type: ignore[arg-type]
         assert fake.ops("enqueue") == [] and fake.ops("nack") == [] and fake.ops("extend") == []
+        assert fake.ops("ack") == [] and fake.ops("settle") == [] and fake.ops("release") == []
         await client.nack(ctx, RetryDirective.DEFAULT)
         await client.close()
 
