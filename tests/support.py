@@ -1,5 +1,5 @@
 """Helpers shared by test packages that have no conftest in common: waiting with a
-deadline and a self-signed TLS certificate."""
+deadline, a self-signed TLS certificate and a transport that keeps its writes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sepp.protocol.framing import FRAME_BYTES_CEILING, FrameReader
 
 # How long one answer may take. Generous: the machine is shared and slow at times;
 # a test only waits this long when something is already broken.
@@ -47,3 +49,38 @@ def self_signed_certificate(cert: Path, key: Path) -> tuple[Path, Path]:
         timeout=60,
     )  # fmt: skip
     return cert, key
+
+
+class RecordedWrites:
+    """Stands in for an asyncio transport: passes everything through and keeps
+    the bytes of each `write` call, in order, to show how answers or requests
+    were grouped into system calls."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def frames(self) -> list[list[bytes]]:
+        """The frames of each write (every write must carry whole frames)."""
+        grouped = []
+        for data in self.writes:
+            reader = FrameReader(FRAME_BYTES_CEILING)
+            grouped.append(reader.feed(data))
+            assert not reader.buffered, "a write ended inside a frame"
+        return grouped
+
+
+def record_client_writes(client: Any) -> RecordedWrites:
+    """Put a `RecordedWrites` between a connected `SeppClient` and its socket."""
+    connection = client._connection
+    assert connection is not None
+    recorded = RecordedWrites(connection._transport)
+    connection._transport = recorded
+    return recorded

@@ -1341,6 +1341,13 @@ class SeppClient:
             raise error
         return jobs or None
 
+    def _cork_for_turn(self) -> None:
+        """Requests sent from now until this loop turn ends leave in one write
+        (`Connection.cork_for_turn`)."""
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            connection.cork_for_turn()
+
     def _reserve_now(self, opts: ReserveOptions, order: str) -> _SentReserve | None:
         """The Worker's fast path: send a reserve during this very call (not at
         a task's first step), so that a worker whose handlers just freed slots

@@ -810,12 +810,18 @@ class Worker:
             self._launch(free if cap > free else cap)
 
     def _launch(self, wanted: int) -> None:
-        """Start a reserve for `wanted` jobs: sent now when the client can (so
-        it is on the wire before this loop turn's other callbacks run), else at
-        its task's first step."""
+        """Start a reserve for `wanted` jobs: sent now when the client can, else
+        at its task's first step. In waves it is on the wire before this loop
+        turn's other callbacks run; with `max_jobs` it leaves in one write with
+        the turn's other reserves, as soon as those callbacks have started."""
         opts = self._options.get(wanted)
         if opts is None:
             opts = self._options[wanted] = dataclasses.replace(self._opts, max_jobs=wanted)
+        if self._opts.max_jobs is not None:
+            # A turn that frees several slots launches several reserves (one
+            # per slot with max_jobs=1): one write for all of them, one wake-up
+            # of the server. In waves one reserve covers the freed slots.
+            self._client._cork_for_turn()
         sent = self._client._reserve_now(opts, self._order)
         self._asked += wanted
         task = self._loop.create_task(self._reserve(opts, sent))

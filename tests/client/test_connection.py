@@ -26,8 +26,9 @@ from sepp.client import (
     UnsupportedProtocolError,
 )
 from sepp.client._connection import parse_address
-from sepp.protocol import encode_frame, encode_response
+from sepp.protocol import decode_request, encode_frame, encode_response
 from tests.client.fakeserver import CLOSE, DROP, SILENT, FakeServer, error, make_job
+from tests.support import record_client_writes
 
 LEASE = timedelta(seconds=30)
 
@@ -175,6 +176,27 @@ async def test_request_ids_are_unique_among_pending_requests(fake: FakeServer) -
         await asyncio.gather(*(client.queue_stats() for _ in range(50)))
         ids = [r.id for r in fake.requests]
         assert len(ids) == len(set(ids)) == 51
+        await client.close()
+
+
+async def test_requests_sent_while_corked_for_a_turn_leave_in_one_write(fake: FakeServer) -> None:
+    async with fake:
+        client = await SeppClient.connect(fake.address)
+        recorded = record_client_writes(client)
+        connection = client._connection
+        assert connection is not None
+        connection.cork_for_turn()
+        sent = [connection.send("health", {}, timeout=5) for _ in range(3)]
+        assert recorded.writes == []  # held until the turn's callbacks have run
+        await asyncio.sleep(0)  # one loop turn, no waiting for time
+        assert [[decode_request(f).id for f in frames] for frames in recorded.frames()] == [
+            [request_id for request_id, _ in sent]
+        ]
+        for _, answer in sent:
+            assert (await answer).body == {"status": "serving"}
+        # Uncorked: the next request leaves at once, in a write of its own.
+        assert (await client.health()).serving
+        assert len(recorded.writes) == 2
         await client.close()
 
 

@@ -27,10 +27,18 @@ from sepp.client import (
     Worker,
     WorkerMetrics,
 )
-from sepp.protocol import Request
+from sepp.protocol import Request, decode_request, encode_frame, encode_response
 from sepp.server.server import SeppServer
-from tests.client.fakeserver import FakeConnection, FakeServer, eventually, make_job
+from tests.client.fakeserver import (
+    SILENT,
+    FakeConnection,
+    FakeServer,
+    eventually,
+    make_job,
+    now_ms,
+)
 from tests.inprocess import address_of, in_process, in_process_config
+from tests.support import record_client_writes
 
 LEASE = timedelta(seconds=30)
 # Long enough that no parked reserve ends on its own during a test: an old-style
@@ -77,6 +85,68 @@ async def test_with_max_jobs_1_every_free_slot_has_its_own_parked_reserve(
         stats = (await producer.queue_stats(["q"]))[0]
         assert (stats.ready, stats.in_flight) == (0, 0)
         await producer.close()
+        await client.close()
+
+
+async def test_with_max_jobs_1_the_reserves_one_turn_launches_leave_in_one_write(
+    fake: FakeServer,
+) -> None:
+    # Slots freed in one loop turn (the jobs of one read, their handlers done)
+    # are asked for in one write: one system call and one wake-up of the server
+    # instead of one per job.
+    slots = 3
+    held: list[Request] = []
+    done = 0
+    async with fake:
+
+        def park(conn: FakeConnection, request: Request) -> Any:
+            held.append(request)
+            return SILENT
+
+        fake.on("reserve", park)
+        fake.on("ack", lambda conn, request: ("ok", {"job_id": request.body["job_id"]}))
+        client = await SeppClient.connect(fake.address)
+        recorded = record_client_writes(client)
+        worker = Worker(
+            client, ["q"], LEASE, wait_timeout=LONG_WAIT, max_jobs=1, max_in_flight=slots
+        )
+
+        @worker.handler("t")
+        async def no_op(payload: Payload | None, ctx: JobCtx) -> None:
+            nonlocal done
+            done += 1
+
+        task = asyncio.ensure_future(worker.run())
+        await fake.wait_until(lambda: len(held) == slots)
+        # One job for each parked reserve, all in one write: the worker reads them together.
+        answers = []
+        for request in held:
+            job = make_job("t")
+            job["attempt"] = 1
+            job["lease_expires_at_ms"] = now_ms() + 30_000
+            answers.append(encode_frame(encode_response(request.id, "ok", {"jobs": [job]})))
+        fake.connections[0].send_raw(b"".join(answers))
+        await fake.wait_until(lambda: len(held) == 2 * slots and len(fake.ops("ack")) == slots)
+        assert done == slots
+        reserves_per_write = [
+            ids
+            for ids in (
+                [r.id for r in map(decode_request, frames) if r.op == "reserve"]
+                for frames in recorded.frames()
+            )
+            if ids
+        ]
+        assert (
+            reserves_per_write
+            == [
+                [r.id for r in held[:slots]],  # the first reserves, one per free slot
+                [r.id for r in held[slots:]],  # the three slots freed in one turn
+            ]
+        )
+        worker.stop()
+        empty = [encode_frame(encode_response(r.id, "ok", {"jobs": []})) for r in held[slots:]]
+        fake.connections[0].send_raw(b"".join(empty))
+        await task
         await client.close()
 
 
