@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import bench_client, bench_cluster, bench_e2e, bench_requests, common
+from benchmarks import bench_client, bench_cluster, bench_e2e, bench_large, bench_requests, common
 from benchmarks.common import check_builds, server_loop, server_sync
 from benchmarks.compare import (
     ClientRow,
@@ -344,3 +344,23 @@ def test_the_followers_lag_is_read_from_cumulative_buckets_as_prometheus_does() 
     empty = {0.05: 0.0, inf: 0.0}
     assert math.isnan(bench_cluster._bucket_quantile(empty, 0.99))
     assert math.isnan(bench_cluster._within(empty, 0.05))
+
+
+def test_the_large_job_benchmark_enqueues_what_it_reports(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    from sepp.client import SeppClient
+
+    server = server_factory()
+    assert server.proc is not None
+    out = asyncio.run(bench_large._shape(server.address, server.proc.pid, 2, 3, seed=5))
+    assert out["p50_ms"] <= out["p90_ms"]
+    assert out["mib_per_s"] > 0 and out["server_cpu_ms"] >= 0 and out["faults"] >= 0
+
+    async def ready() -> int:
+        async with await SeppClient.connect(server.address) as client:
+            (queue,) = await client.queue_stats([bench_large.QUEUE])
+            return queue.ready
+
+    # The warm-up requests and the timed ones, two 1 MiB jobs each, all still live.
+    assert asyncio.run(ready()) == 2 * (bench_large.WARMUP_REQUESTS + 3)

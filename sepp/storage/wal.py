@@ -6,7 +6,8 @@ the persist modes.
 
 Promises:
 - A batch is written with one write (a pwritev when given as parts; plus, once
-  per `PREALLOCATE_BYTES` of log, one write of zeros after it) and made durable with one sync (`sync_all`: fsync;
+  per `PREALLOCATE_BYTES` of log and after a batch at least that long, one write
+  of zeros after it) and made durable with one sync (`sync_all`: fsync;
   `sync_data`: fdatasync; `buffer`: none here, the group committer syncs on a
   timer). The caller releases replies only after `append` returns.
 - A new segment's header is written and synced, and its directory synced, before
@@ -70,6 +71,12 @@ HOOK_POINTS = (
 
 # The active segment's file runs ahead of its records by up to this many zeros.
 PREALLOCATE_BYTES = 1 << 20
+# ... except after a batch at least PREALLOCATE_BYTES long: its sync changes the
+# file size anyway (one journal commit for a megabyte or more), and a full step of
+# zeros after it doubled what a 1 MiB job wrote and synced (1 MiB enqueues, one per
+# request: 9.4-12.2 -> 5.3-6.0 ms; benchmarks/README.md). A short run of zeros
+# still takes the small records written between large ones.
+LARGE_BATCH_AHEAD_BYTES = 64 * 1024
 # Synced log bytes are dropped from the page cache in steps of at least this many
 # (see `SegmentWriter._drop_synced_cache`); a sealed segment's rest at rotation.
 CACHE_DROP_BYTES = 1 << 20
@@ -259,8 +266,9 @@ class SegmentWriter:
                 # they need no file-system journal commit (a third of an
                 # fdatasync's CPU on ext4; benchmarks/README.md finding 16).
                 # Recovery cuts a zero tail like a torn one; rotation and close
-                # cut it too.
-                self._preallocate_after(handle, active.path, end)
+                # cut it too. A large batch gets only a short run of them.
+                ahead = PREALLOCATE_BYTES if size < PREALLOCATE_BYTES else LARGE_BATCH_AHEAD_BYTES
+                self._preallocate_after(handle, active.path, end, ahead)
             else:
                 self._file_end = end
         self._hook("wal.after_write")
@@ -296,13 +304,13 @@ class SegmentWriter:
         self.fs.drop_cache(handle, start, end - start)
         self._cache_from = end - end % PAGE_BYTES
 
-    def _preallocate_after(self, handle: int, path: str, end: int) -> None:
+    def _preallocate_after(self, handle: int, path: str, end: int, ahead: int) -> None:
         """Write the zeros after the data end `end`, or, when they do not fit, go on
         without them: the records before `end` are written already, and a failed
         optimisation must not fail them (a 1 MiB step on a disk with less than
         that free would otherwise stop the log on every restart)."""
         try:
-            self.fs.write_zeros(handle, end, PREALLOCATE_BYTES)
+            self.fs.write_zeros(handle, end, ahead)
         except OSError as exc:
             if exc.errno not in _NO_ROOM:
                 raise
@@ -318,12 +326,12 @@ class SegmentWriter:
                     "no room to preallocate %d bytes after the records of %s (%s): writing "
                     "the log without preallocation (each sync also updates the file size) "
                     "until a new segment finds room; free disk space",
-                    PREALLOCATE_BYTES,
+                    ahead,
                     os.path.basename(path),
                     exc,
                 )
             return
-        self._file_end = end + PREALLOCATE_BYTES
+        self._file_end = end + ahead
 
     def mark_synced(self, last_seq: int) -> None:
         """The caller synced the active segment after writing up to `last_seq`."""

@@ -24,7 +24,7 @@ import pytest
 from sepp.storage import Engine, RealFileSystem, StorageFailed, StorageOptions
 from sepp.storage import engine as engine_module
 from sepp.storage.faultfs import FaultyFileSystem
-from sepp.storage.wal import PREALLOCATE_BYTES
+from sepp.storage.wal import LARGE_BATCH_AHEAD_BYTES, PREALLOCATE_BYTES
 from tests.storage.helpers import (
     CONFIG,
     T0,
@@ -67,6 +67,44 @@ def test_records_go_at_the_data_end_and_the_file_grows_a_step_at_a_time() -> Non
     engine.close()
     # A clean close cuts the zeros, durably.
     assert len(fs.durable_files()[path]) == end == len(fs.read(path))
+
+
+def test_a_large_batch_is_followed_by_a_short_run_of_zeros_that_small_ones_then_fill() -> None:
+    fs = FaultyFileSystem()
+    engine = open_engine(fs, inline_options(persist_mode="sync_data"))
+    engine.execute(enqueue_one(0), T0)
+    engine.flush()
+    (path,) = segment_paths(fs)
+    fs.record_ops = True
+    # One record over a whole step: a full step of zeros after it would double
+    # what it writes and syncs; it gets a short run instead.
+    engine.execute(enqueue_one(1, payload_bytes=PREALLOCATE_BYTES), T0 + 1)
+    engine.flush()
+    end = engine.segments[-1].size
+    data = fs.read(path)
+    assert len(data) == end + LARGE_BATCH_AHEAD_BYTES
+    assert data[end:] == bytes(LARGE_BATCH_AHEAD_BYTES)
+    assert [op for op, p in fs.ops if op == "write_zeros" and p == path] == ["write_zeros"]
+    # Small records written between large ones go over those zeros: the file
+    # does not grow until they are used up, then by a full step again.
+    fs.ops.clear()
+    n = 2
+    while engine.segments[-1].size + 1200 < end + LARGE_BATCH_AHEAD_BYTES:
+        engine.execute(enqueue_one(n, payload_bytes=1000), T0 + n)
+        engine.flush()
+        n += 1
+        assert len(fs.read(path)) == end + LARGE_BATCH_AHEAD_BYTES
+    assert not [op for op, p in fs.ops if op == "write_zeros"]
+    for m in range(n, n + 5):
+        engine.execute(enqueue_one(m, payload_bytes=1000), T0 + m)
+        engine.flush()
+    grown = engine.segments[-1].size
+    assert grown < len(fs.read(path)) <= grown + PREALLOCATE_BYTES
+    assert len(fs.read(path)) > end + LARGE_BATCH_AHEAD_BYTES + LARGE_BATCH_AHEAD_BYTES
+    _first, records, _end = segment_records(fs.read(path))
+    assert [r.seq for r in records] == list(range(1, n + 6))
+    engine.close()
+    assert len(fs.durable_files()[path]) == engine.segments[-1].size
 
 
 def test_a_sealed_segment_ends_with_its_last_record() -> None:
@@ -154,6 +192,20 @@ def test_write_at_and_write_zeros_on_real_files(tmp_path: Path) -> None:
     finally:
         fs.close(handle)
     assert Path(path).read_bytes()[:4] == b"Zbc\0"
+
+
+def test_write_zeros_longer_than_its_buffer_on_real_files(tmp_path: Path) -> None:
+    fs = RealFileSystem()
+    path = str(tmp_path / "f")
+    handle = fs.create(path)
+    size = 2 * PREALLOCATE_BYTES + 7  # past the shared zero buffer, twice
+    try:
+        fs.write_at(handle, b"\xff" * (size + 10), 0)
+        fs.write_zeros(handle, 3, size)
+    finally:
+        fs.close(handle)
+    data = Path(path).read_bytes()
+    assert data == b"\xff" * 3 + bytes(size) + b"\xff" * 7
 
 
 def test_write_parts_at_writes_their_concatenation_through_short_writes(

@@ -1,0 +1,154 @@
+"""Large jobs through a real server: what a 1 MiB job costs to enqueue (issue 13).
+
+    python -m benchmarks.bench_large                     # 3 runs, both shapes
+    python -m benchmarks.bench_large --runs 5 --requests 200
+
+A fresh `sepp serve` per run (durable, `sync_data` unless `--mode`; snapshots off;
+pinned to core 0), and this process as its one client (`SeppClient`, pinned to core
+1), sending `enqueue_batch` requests one after another, each awaited before the
+next, in two shapes:
+
+- `1 x 1 MiB`: one job of a 1 MiB random payload per request;
+- `8 x 1 MiB`: eight such jobs per request (8 MiB: the shape of `tools.attack`'s
+  snapshot-large and drain-payloads floods).
+
+Per shape: request latency p50 / p90 (ms), payload MiB/s, and per request the
+server's CPU (ms, all threads) and minor page faults (each a first touch of memory
+the process did not hold: on these virtual machines the dominant cost of taking in
+large payloads). Medians over runs; every run's figures are printed as it ends.
+The payloads stay live (nothing is reserved), as jobs waiting in a queue do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import ServeProcess, machine_line, median, print_table
+
+MiB = 1024 * 1024
+SHAPES = (("1 x 1 MiB", 1), ("8 x 1 MiB", 8))
+QUEUE = "large"
+WARMUP_REQUESTS = 3
+
+
+def _proc_stat(pid: int) -> tuple[int, float]:
+    """(minor faults, CPU seconds of all threads) of process `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[7]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _shape(addr: str, pid: int, jobs: int, requests: int, seed: int) -> dict[str, float]:
+    from sepp.client import EnqueueRequest, Payload, SeppClient
+
+    data = random.Random(seed).randbytes(MiB)
+
+    def batch() -> list[Any]:
+        payload = Payload(data, "application/octet-stream")
+        return [EnqueueRequest(QUEUE, "blob", payload=payload) for _ in range(jobs)]
+
+    async with await SeppClient.connect(addr) as client:
+        for _ in range(WARMUP_REQUESTS):
+            await client.enqueue_batch(batch())
+        faults0, cpu0 = _proc_stat(pid)
+        started = time.perf_counter()
+        latencies = []
+        for _ in range(requests):
+            request = batch()
+            t = time.perf_counter()
+            await client.enqueue_batch(request)
+            latencies.append((time.perf_counter() - t) * 1000)
+        seconds = time.perf_counter() - started
+        faults1, cpu1 = _proc_stat(pid)
+    latencies.sort()
+    return {
+        "p50_ms": statistics.median(latencies),
+        "p90_ms": latencies[int(len(latencies) * 0.9)],
+        "mib_per_s": requests * jobs / seconds,
+        "server_cpu_ms": (cpu1 - cpu0) / requests * 1000,
+        "faults": (faults1 - faults0) / requests,
+    }
+
+
+def run_once(mode: str, requests: int, seed: int) -> dict[str, dict[str, float]]:
+    env = dict(os.environ)
+    env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
+    env.setdefault("SEPP_LOGGING__LEVEL", "warning")
+    server = ServeProcess(tempfile.mkdtemp(prefix="sepp-bench-large-"), mode, env, core="0")
+    try:
+        addr = f"127.0.0.1:{server.port}"
+        return {
+            name: asyncio.run(_shape(addr, server.proc.pid, jobs, requests // jobs or 1, seed))
+            for name, jobs in SHAPES
+        }
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--requests", type=int, default=160, help="1 MiB jobs per shape and run (160)"
+    )
+    parser.add_argument("--mode", default="sync_data", help="persist mode (sync_data)")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {1})
+    print(machine_line())
+    print(
+        f"sepp serve --persist-mode {args.mode} (snapshots off, core 0); one SeppClient "
+        f"(core 1); {args.requests} jobs of 1 MiB per shape, {args.runs} run(s), seed {seed}"
+    )
+    runs = []
+    for i in range(args.runs):
+        out = run_once(args.mode, args.requests, seed + i)
+        runs.append(out)
+        brief = "; ".join(
+            f"{name}: p50 {r['p50_ms']:.1f} ms, {r['mib_per_s']:.0f} MiB/s"
+            for name, r in out.items()
+        )
+        print(f"run {i + 1}/{args.runs}: {brief}", flush=True)
+    rows = []
+    for name, _jobs in SHAPES:
+        values = [r[name] for r in runs]
+
+        def med(key: str, values: list[dict[str, float]] = values) -> float:
+            return median([v[key] for v in values])
+
+        rows.append(
+            [
+                name,
+                f"{med('p50_ms'):.1f} / {med('p90_ms'):.1f}",
+                f"{med('mib_per_s'):.0f}",
+                f"{med('server_cpu_ms'):.1f}",
+                f"{med('faults'):,.0f}",
+            ]
+        )
+    print()
+    print_table(
+        [
+            "per request",
+            "latency p50 / p90 ms",
+            "MiB/s",
+            "server CPU ms/request",
+            "server minor faults/request",
+        ],
+        rows,
+    )
+    print(f"(medians of {args.runs} run(s))")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
