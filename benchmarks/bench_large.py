@@ -5,18 +5,20 @@
 
 A fresh `sepp serve` per run (durable, `sync_data` unless `--mode`; snapshots off;
 pinned to core 0), and this process as its one client (`SeppClient`, pinned to core
-1), sending `enqueue_batch` requests one after another, each awaited before the
-next, in two shapes:
+1), sending requests one after another, each awaited before the next, in three
+shapes:
 
-- `1 x 1 MiB`: one job of a 1 MiB random payload per request;
-- `8 x 1 MiB`: eight such jobs per request (8 MiB: the shape of `tools.attack`'s
-  snapshot-large and drain-payloads floods).
+- `enqueue 1 x 1 MiB`: `enqueue_batch` of one job of a 1 MiB random payload;
+- `enqueue 8 x 1 MiB`: eight such jobs per request (8 MiB: the shape of
+  `tools.attack`'s snapshot-large and drain-payloads floods);
+- `reserve 8 x 1 MiB`: `reserve(max_jobs=8)` of the jobs the enqueues left, each
+  answer's eight jobs then acked (the acks are not in the latency, but are in the
+  server's CPU).
 
 Per shape: request latency p50 / p90 (ms), payload MiB/s, and per request the
 server's CPU (ms, all threads) and minor page faults (each a first touch of memory
 the process did not hold: on these virtual machines the dominant cost of taking in
 large payloads). Medians over runs; every run's figures are printed as it ends.
-The payloads stay live (nothing is reserved), as jobs waiting in a queue do.
 """
 
 from __future__ import annotations
@@ -29,14 +31,21 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any
+from datetime import timedelta
 
 from benchmarks.common import ServeProcess, machine_line, median, print_table
 
 MiB = 1024 * 1024
-SHAPES = (("1 x 1 MiB", 1), ("8 x 1 MiB", 8))
+# (name, jobs per request, op): the enqueue shapes run first and leave their jobs
+# (warm-up ones included) for the reserve shape.
+SHAPES = (
+    ("enqueue 1 x 1 MiB", 1, "enqueue"),
+    ("enqueue 8 x 1 MiB", 8, "enqueue"),
+    ("reserve 8 x 1 MiB", 8, "reserve"),
+)
 QUEUE = "large"
 WARMUP_REQUESTS = 3
+LEASE = timedelta(minutes=10)
 
 
 def _proc_stat(pid: int) -> tuple[int, float]:
@@ -46,29 +55,39 @@ def _proc_stat(pid: int) -> tuple[int, float]:
     return int(fields[7]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _shape(addr: str, pid: int, jobs: int, requests: int, seed: int) -> dict[str, float]:
-    from sepp.client import EnqueueRequest, Payload, SeppClient
+async def _shape(
+    addr: str, pid: int, jobs: int, requests: int, seed: int, op: str = "enqueue"
+) -> dict[str, float]:
+    """`requests` timed requests of `jobs` 1 MiB jobs each (after the warm-up
+    ones): enqueues, or reserves (each followed by the acks of what it got,
+    untimed but in the server's CPU)."""
+    from sepp.client import EnqueueRequest, Payload, ReserveOptions, SeppClient
 
     data = random.Random(seed).randbytes(MiB)
 
-    def batch() -> list[Any]:
-        payload = Payload(data, "application/octet-stream")
-        return [EnqueueRequest(QUEUE, "blob", payload=payload) for _ in range(jobs)]
+    async def request(client: SeppClient) -> float:
+        if op == "enqueue":
+            payload = Payload(data, "application/octet-stream")
+            batch = [EnqueueRequest(QUEUE, "blob", payload=payload) for _ in range(jobs)]
+            t = time.perf_counter()
+            await client.enqueue_batch(batch)
+            return time.perf_counter() - t
+        t = time.perf_counter()
+        got = await client.reserve(ReserveOptions([QUEUE], LEASE, max_jobs=jobs))
+        took = time.perf_counter() - t
+        if not got or len(got) != jobs:
+            raise RuntimeError(f"a reserve of {jobs} jobs got {len(got or [])}")
+        await asyncio.gather(*(client.ack(job.ctx) for job in got))
+        return took
 
     async with await SeppClient.connect(addr) as client:
         for _ in range(WARMUP_REQUESTS):
-            await client.enqueue_batch(batch())
+            await request(client)
         faults0, cpu0 = _proc_stat(pid)
         started = time.perf_counter()
-        latencies = []
-        for _ in range(requests):
-            request = batch()
-            t = time.perf_counter()
-            await client.enqueue_batch(request)
-            latencies.append((time.perf_counter() - t) * 1000)
+        latencies = sorted([await request(client) * 1000 for _ in range(requests)])
         seconds = time.perf_counter() - started
         faults1, cpu1 = _proc_stat(pid)
-    latencies.sort()
     return {
         "p50_ms": statistics.median(latencies),
         "p90_ms": latencies[int(len(latencies) * 0.9)],
@@ -79,6 +98,8 @@ async def _shape(addr: str, pid: int, jobs: int, requests: int, seed: int) -> di
 
 
 def run_once(mode: str, requests: int, seed: int) -> dict[str, dict[str, float]]:
+    """One fresh server; every shape against it, in order. The reserve shape
+    takes as many jobs as the 8-job enqueue shape put there."""
     env = dict(os.environ)
     env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
     env.setdefault("SEPP_LOGGING__LEVEL", "warning")
@@ -86,8 +107,10 @@ def run_once(mode: str, requests: int, seed: int) -> dict[str, dict[str, float]]
     try:
         addr = f"127.0.0.1:{server.port}"
         return {
-            name: asyncio.run(_shape(addr, server.proc.pid, jobs, requests // jobs or 1, seed))
-            for name, jobs in SHAPES
+            name: asyncio.run(
+                _shape(addr, server.proc.pid, jobs, max(1, requests // jobs), seed, op)
+            )
+            for name, jobs, op in SHAPES
         }
     finally:
         server.stop()
@@ -120,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(f"run {i + 1}/{args.runs}: {brief}", flush=True)
     rows = []
-    for name, _jobs in SHAPES:
+    for name, _jobs, _op in SHAPES:
         values = [r[name] for r in runs]
 
         def med(key: str, values: list[dict[str, float]] = values) -> float:

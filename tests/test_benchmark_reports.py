@@ -364,3 +364,9 @@ def test_the_large_job_benchmark_enqueues_what_it_reports(
 
     # The warm-up requests and the timed ones, two 1 MiB jobs each, all still live.
     assert asyncio.run(ready()) == 2 * (bench_large.WARMUP_REQUESTS + 3)
+    # The reserve shape takes (and acks) as many, two per reserve.
+    out = asyncio.run(
+        bench_large._shape(server.address, server.proc.pid, 2, 3, seed=5, op="reserve")
+    )
+    assert out["p50_ms"] <= out["p90_ms"] and out["mib_per_s"] > 0
+    assert asyncio.run(ready()) == 0

@@ -39,7 +39,7 @@ import logging
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from time import perf_counter
 from typing import Any, cast
 
@@ -156,13 +156,8 @@ class NativeReserveSink:
         if conn.closed or transport is None or transport.is_closing():
             conn.in_flight -= 1
             return False
-        conn.send_frame(
-            encode_frame(
-                pm.encode_response(
-                    self.request_id, perr.OK, {"jobs": [job_view_body(j) for j in jobs]}
-                )
-            )
-        )
+        body = {"jobs": [job_view_body(j) for j in jobs]}
+        conn.send_frame(_ok_frame(self.request_id, body, _payloads_to_splice(jobs)))
         return True
 
     def refused(self, error: CommandError) -> None:
@@ -1035,7 +1030,8 @@ class ClientConnection(asyncio.Protocol):
 
     # -- output --------------------------------------------------------------------------
 
-    def send_frame(self, frame: bytes) -> None:
+    def send_frame(self, frame: bytes | list[bytes]) -> None:
+        """Write one answer: a frame, or a frame as parts (`_ok_frame`)."""
         self.in_flight -= 1
         transport = self.transport
         if self.closed or transport is None:
@@ -1045,7 +1041,10 @@ class ClientConnection(asyncio.Protocol):
         # legal response can be larger than the cap (a reserve of 256 jobs of
         # 1 MiB each), and a client that reads must not be cut off for it.
         unread = transport.get_write_buffer_size()
-        transport.write(frame)
+        if isinstance(frame, list):
+            transport.writelines(frame)
+        else:
+            transport.write(frame)
         if self.eof and self.in_flight <= 0:
             self.close()
             return
@@ -1057,7 +1056,9 @@ class ClientConnection(asyncio.Protocol):
             )
             self.abort()
 
-    def send_after(self, error: BaseException | None, frame: bytes, request_id: int) -> None:
+    def send_after(
+        self, error: BaseException | None, frame: bytes | list[bytes], request_id: int
+    ) -> None:
         if error is not None:
             if isinstance(error, NotLeader):
                 # Cluster mode: this node stopped leading with the request in flight.
@@ -1084,7 +1085,11 @@ class ClientConnection(asyncio.Protocol):
         self.send_frame(frame)
 
     def send_drain_after(
-        self, error: BaseException | None, frame: bytes, request_id: int, reply: DrainResult
+        self,
+        error: BaseException | None,
+        frame: bytes | list[bytes],
+        request_id: int,
+        reply: DrainResult,
     ) -> None:
         """Write a drain answer once it is durable. Its records are deleted by then:
         if the connection is already gone the answer cannot be written, and
@@ -1439,7 +1444,8 @@ class ClientConnection(asyncio.Protocol):
         if type(decision) is Decision and decision.events:
             reply = decision.reply
             assert isinstance(reply, DrainResult)
-            frame = encode_frame(pm.encode_response(request_id, perr.OK, _drain_body(reply)))
+            large = _payloads_to_splice([record.job for record in reply.records])
+            frame = _ok_frame(request_id, _drain_body(reply), large)
             service.after_durable(barrier, self.send_drain_after, frame, request_id, reply)
             return
         self._finish(request_id, decision, barrier, _drain_body)
@@ -1531,6 +1537,24 @@ def _nack_body(reply: NackResult) -> dict[str, Any]:
 
 def _extend_body(reply: ExtendResult) -> dict[str, Any]:
     return {"job_id": reply.job_id, "lease_expires_at_ms": reply.lease_expires_at}
+
+
+def _payloads_to_splice(jobs: Iterable[JobView]) -> bool:
+    """Whether an answer carrying these jobs has a payload worth writing uncopied."""
+    least = pm.SPLICE_BYTES_MIN
+    for job in jobs:
+        data = job.payload_data
+        if data is not None and len(data) >= least:
+            return True
+    return False
+
+
+def _ok_frame(request_id: int, body: dict[str, Any], large: bool) -> bytes | list[bytes]:
+    """An OK answer's frame: whole, or, when it carries `large` payloads, as parts
+    that leave them uncopied (messages.response_frame_parts)."""
+    if large:
+        return pm.response_frame_parts(request_id, perr.OK, body)
+    return encode_frame(pm.encode_response(request_id, perr.OK, body))
 
 
 def _drain_body(reply: DrainResult) -> dict[str, Any]:
