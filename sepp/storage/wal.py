@@ -74,8 +74,8 @@ PREALLOCATE_BYTES = 1 << 20
 # ... except after a batch at least PREALLOCATE_BYTES long: its sync changes the
 # file size anyway (one journal commit for a megabyte or more), and a full step of
 # zeros after it doubled what a 1 MiB job wrote and synced (1 MiB enqueues, one per
-# request: 9.4-12.2 -> 5.3-6.0 ms; benchmarks/README.md). A short run of zeros
-# still takes the small records written between large ones.
+# request, p50: 12.9-15.7 -> 6.2-8.0 ms; benchmarks/README.md, bench_large). A
+# short run of zeros still takes the small records written between large ones.
 LARGE_BATCH_AHEAD_BYTES = 64 * 1024
 # Synced log bytes are dropped from the page cache in steps of at least this many
 # (see `SegmentWriter._drop_synced_cache`); a sealed segment's rest at rotation.
