@@ -40,7 +40,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ServeProcess, fsync_rate, machine_line, median, print_table, taskset
+from benchmarks.common import (
+    ServeProcess,
+    driver_core,
+    fsync_rate,
+    machine_line,
+    median,
+    print_table,
+    server_core,
+    taskset,
+)
 from benchmarks.loadgen import Conn, _job, connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +78,7 @@ class Server(ServeProcess):
             data_dir,
             mode,
             env,
-            core="0",
+            core=server_core(),
             wait_for_admin=True,
             remove_data_dir=False,
             stop_timeout_s=120.0,
@@ -171,7 +180,7 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _spawn_child(kind: str, port: int, **options: Any) -> subprocess.Popen[str]:
-    cmd = [*taskset("1"), sys.executable, "-m", "benchmarks.bench_backup", "--child", kind,
+    cmd = [*taskset(driver_core()), sys.executable, "-m", "benchmarks.bench_backup", "--child", kind,
            "--port", str(port)]  # fmt: skip
     for key, value in options.items():
         if value is True:

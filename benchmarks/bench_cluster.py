@@ -94,6 +94,7 @@ from benchmarks.common import (
     machine_line,
     median,
     print_table,
+    server_core,
     taskset,
 )
 from sepp.protocol.framing import LENGTH_PREFIX
@@ -157,7 +158,7 @@ class Cluster:
         probe: bool = False,
     ) -> None:
         self.dir = tempfile.mkdtemp(prefix="sepp-bench-cluster-")
-        self.core = "0" if pin else None
+        self.core = server_core() if pin else None
         self.js = local_cluster.start_cluster(self.dir)
         self.nodes: list[ServeProcess] = []
         self.probe: subprocess.Popen[bytes] | None = None

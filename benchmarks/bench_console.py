@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.bench_e2e import loadgen
-from benchmarks.common import ServeProcess, machine_line, median, print_table
+from benchmarks.common import ServeProcess, machine_line, median, print_table, server_core
 from benchmarks.compare import wait_quiet
 
 PHASES = ("enqueue", "drain")
@@ -62,7 +62,7 @@ class Server(ServeProcess):
             tempfile.mkdtemp(prefix="sepp-bench-console-"),
             "sync_data",
             env,
-            core="0" if pin else None,
+            core=server_core() if pin else None,
             args=["--admin-listen", "127.0.0.1:0"],
             wait_for_admin=True,
         )

@@ -28,10 +28,12 @@ from typing import Any
 from benchmarks.common import (
     ServeProcess,
     check_builds,
+    driver_core,
     fsync_rate,
     machine_line,
     median,
     print_table,
+    server_core,
     server_loop,
     server_sync,
     taskset,
@@ -52,12 +54,12 @@ class Server(ServeProcess):
         env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
         env.setdefault("SEPP_LOGGING__LEVEL", "warning")
         data_dir = tempfile.mkdtemp(prefix="sepp-bench-e2e-")
-        super().__init__(data_dir, mode, env, core="0" if pin else None)
+        super().__init__(data_dir, mode, env, core=server_core() if pin else None)
 
 
 def loadgen(port: int, pin: bool, **options: Any) -> dict[str, Any]:
     cmd = [
-        *taskset("1" if pin else None),
+        *taskset(driver_core() if pin else None),
         sys.executable,
         "-m",
         "benchmarks.loadgen",

@@ -37,11 +37,13 @@ from typing import Any
 from benchmarks import bench_client
 from benchmarks.common import (
     ServeProcess,
+    driver_core,
     fsync_rate,
     machine_line,
     median,
     print_table,
     run_json,
+    server_core,
     taskset,
 )
 
@@ -64,7 +66,7 @@ class GrpcServer(ServeProcess):
             tempfile.mkdtemp(prefix="sepp-bench-grpc-"),
             "sync_all",
             env,
-            core="0" if pin else None,
+            core=server_core() if pin else None,
             args=["--grpc-listen", "127.0.0.1:0"],
             wait_for_grpc=True,
         )
@@ -83,7 +85,7 @@ def official_phase(server: GrpcServer, venv: Path, jobs: int, pin: bool) -> dict
         [
             str(venv / "bin" / "python"), str(child),
             "--addr", f"127.0.0.1:{server.grpc_port}", "--server-pid", str(server.proc.pid),
-            "--jobs", str(jobs), "--pin", "1" if pin else "-1",
+            "--jobs", str(jobs), "--pin", driver_core() if pin else "-1",
         ],
         cwd=Path(tempfile.gettempdir()),
         env=env,
@@ -93,7 +95,7 @@ def official_phase(server: GrpcServer, venv: Path, jobs: int, pin: bool) -> dict
 def native_raw_phase(server: GrpcServer, jobs: int, pin: bool) -> dict[str, Any]:
     result = _json_tail(
         [
-            *taskset("1" if pin else None), sys.executable, "-m", "benchmarks.loadgen",
+            *taskset(driver_core() if pin else None), sys.executable, "-m", "benchmarks.loadgen",
             "--port", str(server.port), "--connections", "50", "--jobs", str(jobs),
             "--phases", "enqueue", "--server-pid", str(server.proc.pid), "--queue", "bench-raw",
         ],

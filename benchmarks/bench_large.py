@@ -33,7 +33,14 @@ import tempfile
 import time
 from datetime import timedelta
 
-from benchmarks.common import ServeProcess, machine_line, median, print_table
+from benchmarks.common import (
+    ServeProcess,
+    driver_core,
+    machine_line,
+    median,
+    print_table,
+    server_core,
+)
 
 MiB = 1024 * 1024
 # (name, jobs per request, op): the enqueue shapes run first and leave their jobs
@@ -103,7 +110,9 @@ def run_once(mode: str, requests: int, seed: int) -> dict[str, dict[str, float]]
     env = dict(os.environ)
     env.setdefault("SEPP_STORAGE__SNAPSHOT_EVERY_BYTES", "0")
     env.setdefault("SEPP_LOGGING__LEVEL", "warning")
-    server = ServeProcess(tempfile.mkdtemp(prefix="sepp-bench-large-"), mode, env, core="0")
+    server = ServeProcess(
+        tempfile.mkdtemp(prefix="sepp-bench-large-"), mode, env, core=server_core()
+    )
     try:
         addr = f"127.0.0.1:{server.port}"
         return {
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-        os.sched_setaffinity(0, {1})
+        os.sched_setaffinity(0, {int(driver_core())})
     print(machine_line())
     print(
         f"sepp serve --persist-mode {args.mode} (snapshots off, core 0); one SeppClient "

@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.bench_e2e import loadgen
-from benchmarks.common import ServeProcess, machine_line, median, print_table
+from benchmarks.common import ServeProcess, machine_line, median, print_table, server_core
 from benchmarks.compare import _our_cpu, _system_busy, wait_quiet
 
 PHASES = ("enqueue", "drain")
@@ -59,7 +59,7 @@ class Server(ServeProcess):
             tempfile.mkdtemp(prefix="sepp-bench-metrics-"),
             "sync_data",
             env,
-            core="0" if pin else None,
+            core=server_core() if pin else None,
             args=["--admin-listen", "127.0.0.1:0" if metrics_on else "off"],
             wait_for_admin=metrics_on,
         )

@@ -22,7 +22,7 @@ import time
 from datetime import timedelta
 
 from benchmarks.bench_e2e import Server
-from benchmarks.common import machine_line, median, print_table
+from benchmarks.common import driver_core, machine_line, median, print_table
 from sepp.client import EnqueueRequest, JobCtx, Payload, SeppClient, Worker, WorkerMetrics
 
 PAYLOAD = Payload(b"x" * 256, "application/octet-stream")
@@ -94,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2
     if pin:
-        os.sched_setaffinity(0, {1})
+        os.sched_setaffinity(0, {int(driver_core())})
     print(machine_line())
     print(
         f"worker: no-op handler, max_in_flight={args.max_in_flight}, {args.jobs} jobs, "

@@ -7,7 +7,9 @@ machine it ran on and the command that reproduces it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,27 +29,90 @@ from sepp.server.loops import resolve_event_loop
 from sepp.server.pipeline import resolve_sync_method
 
 
-def fsync_rate(directory: str | None = None, appends: int = 500) -> dict[str, float]:
-    """Append a 4 KiB block and fdatasync it, `appends` times: median latency (us)
-    and syncs per second (1 / mean), the disk figure every durable number depends on."""
-    directory = directory or tempfile.gettempdir()
-    fd, path = tempfile.mkstemp(dir=directory, prefix="fsync-probe-")
-    block = os.urandom(4096)
-    times = []
+@contextlib.contextmanager
+def _probe_file(directory: str | None, prefix: str) -> Iterator[int]:
+    """A temporary file's descriptor in `directory` (default: the temp dir), closed
+    and removed afterwards."""
+    fd, path = tempfile.mkstemp(dir=directory or tempfile.gettempdir(), prefix=prefix)
     try:
-        for _ in range(appends):
-            os.write(fd, block)
-            t0 = time.perf_counter()
-            os.fdatasync(fd)
-            times.append(time.perf_counter() - t0)
+        yield fd
     finally:
         os.close(fd)
         os.remove(path)
+
+
+def _timed_sync(fd: int) -> tuple[float, float]:
+    """fdatasync `fd`: (when it started, how long it took), in seconds."""
+    t0 = time.perf_counter()
+    os.fdatasync(fd)
+    return t0, time.perf_counter() - t0
+
+
+def fsync_rate(directory: str | None = None, appends: int = 500) -> dict[str, float]:
+    """Append a 4 KiB block and fdatasync it, `appends` times: median latency (us)
+    and syncs per second (1 / mean), the disk figure every durable number depends on."""
+    block = os.urandom(4096)
+    times = []
+    with _probe_file(directory, "fsync-probe-") as fd:
+        for _ in range(appends):
+            os.write(fd, block)
+            times.append(_timed_sync(fd)[1])
     return {
         "median_us": statistics.median(times) * 1e6,
         "p99_us": sorted(times)[int(len(times) * 0.99) - 1] * 1e6,
         "syncs_per_s": len(times) / sum(times),
     }
+
+
+def slow_spacing(
+    starts: Sequence[float], durations: Sequence[float], slow_s: float
+) -> dict[str, Any]:
+    """Of operations started at `starts` (seconds) that took `durations`, the ones
+    taking at least `slow_s`: how many, and the median gap between the starts of
+    consecutive slow ones (ms; None below two). A gap that sits at one value says
+    the slowness comes on a clock, not with the load."""
+    slow = [t for t, d in zip(starts, durations, strict=True) if d >= slow_s]
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(slow)]
+    return {"slow": len(slow), "gap_ms": statistics.median(gaps) if gaps else None}
+
+
+def sync_stalls(
+    directory: str | None = None, seconds: float = 2.0, stall_ms: float = 5.0
+) -> dict[str, Any]:
+    """Overwrite 256 bytes of a preallocated file and fdatasync it, back to back for
+    `seconds` (a durable log's pattern, no sepp code): how many syncs ran, how many
+    took at least `stall_ms`, the longest, and the median gap between stalls. On the
+    Firecracker images here the stalls came every 100 ms (benchmarks/README.md,
+    "Round trips and the disk's 100 ms stalls"); a short probe like `fsync_rate`
+    rarely catches one."""
+    span = 4 << 20
+    record = b"x" * 256
+    starts: list[float] = []
+    durations: list[float] = []
+    with _probe_file(directory, "stall-probe-") as fd:
+        os.write(fd, bytes(span))
+        os.fsync(fd)
+        offset = 0
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            os.pwrite(fd, record, offset)
+            offset = (offset + len(record)) % span
+            started, took = _timed_sync(fd)
+            starts.append(started)
+            durations.append(took)
+    return {
+        "syncs": len(durations),
+        "max_ms": max(durations, default=0.0) * 1000,
+        **slow_spacing(starts, durations, stall_ms / 1000),
+    }
+
+
+def sync_stalls_line(probe: dict[str, Any], seconds: float = 2.0) -> str:
+    gap = "" if probe["gap_ms"] is None else f", median {probe['gap_ms']:.0f} ms apart"
+    return (
+        f"{probe['syncs']:,} back-to-back syncs in {seconds:g} s: {probe['slow']} took >= 5 ms"
+        f"{gap} (longest {probe['max_ms']:.1f} ms)"
+    )
 
 
 def machine_line() -> str:
@@ -147,6 +212,57 @@ def rss_bytes() -> int:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+CORES_ENV = "SEPP_BENCH_CORES"
+_CORES_PROBE_S = 1.0
+
+
+def bench_cores() -> tuple[str, str]:
+    """(the server's core, the driver's core) for pinned benchmarks.
+
+    `SEPP_BENCH_CORES="S,D"` sets them. Otherwise a sync loop (`sync_stalls`) runs
+    pinned to core 0 and to core 1 for a second each, and the server goes to the
+    core where fewer syncs stalled (core 0 on a tie). On the Firecracker images
+    here, syncs issued from core 0 stalled 11-18 ms every 100 ms while core 1 was
+    clean, which alone put a durable round trip's p99 at 6-7 ms instead of 2-2.5
+    (benchmarks/README.md, "Round trips and the disk's 100 ms stalls"). Every
+    broker and driver of a run gets the same two cores. The choice is written to
+    the environment, so child processes and later calls reuse it."""
+    chosen = os.environ.get(CORES_ENV)
+    if chosen:
+        server, _, driver = chosen.partition(",")
+        return server.strip(), driver.strip()
+    server, driver = "0", "1"
+    if (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity"):
+        stalls = {core: _pinned_stalls(core) for core in (0, 1)}
+        if stalls[1] < stalls[0]:
+            server, driver = "1", "0"
+        print(
+            f"cores: a sync loop stalled (>= 5 ms) {stalls[0]} times pinned to core 0 and "
+            f"{stalls[1]} times on core 1 in {_CORES_PROBE_S:g} s each: servers on core "
+            f"{server}, drivers on core {driver} ({CORES_ENV} overrides)",
+            flush=True,
+        )
+    os.environ[CORES_ENV] = f"{server},{driver}"
+    return server, driver
+
+
+def _pinned_stalls(core: int) -> int:
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        return int(sync_stalls(seconds=_CORES_PROBE_S)["slow"])
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def server_core() -> str:
+    return bench_cores()[0]
+
+
+def driver_core() -> str:
+    return bench_cores()[1]
 
 
 def taskset(core: str | None) -> list[str]:

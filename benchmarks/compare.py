@@ -5,7 +5,8 @@ available peer (benchmarks/peers/: beanstalkd, BullMQ on Redis, NATS JetStream) 
 the method of benchmark-method.md: 256-byte payloads, N producers then N workers
 with one request in flight each (closed loop), drain = reserve + ack per job with the
 clock stopping at the last ack, then enqueue -> reserve -> ack latency on a single
-connection. Broker pinned to core 0, its load driver to core 1; both sides' CPU share
+connection. Broker pinned to one core, its load driver to the other (core 0 and 1, or
+swapped when `common.bench_cores` finds syncs stalling on core 0); both sides' CPU share
 of one core is recorded per phase ('!' marks >= 90 %: that side limited the rate).
 Every broker is a child process with a fresh data dir and a free 127.0.0.1 port, and
 is stopped by PID when its run ends (also on Ctrl-C and errors).
@@ -54,6 +55,7 @@ from typing import Any
 
 from benchmarks import bench_client, bench_e2e
 from benchmarks.common import (
+    bench_cores,
     check_builds,
     fsync_rate,
     machine_line,
@@ -125,8 +127,8 @@ def run_sepp(
     latency: bool,
     rounds: int,
 ) -> dict[str, Any]:
-    # bench_e2e.one_run starts `sepp serve` pinned to core 0 (snapshots off) and
-    # loadgen pinned to core 1, exactly as `python -m benchmarks.bench_e2e` does.
+    # bench_e2e.one_run starts `sepp serve` pinned to the server core (snapshots off)
+    # and loadgen to the driver core (common.bench_cores), exactly as `python -m benchmarks.bench_e2e` does.
     del rounds  # one_run uses loadgen's 2,000 latency rounds
     result = bench_e2e.one_run(persist_mode, connections, jobs, pin, latency=latency, build=build)
     result["client"] = "benchmarks/loadgen.py (raw protocol, asyncio)"
@@ -984,9 +986,11 @@ def main() -> int:
     log(
         f"disk (start): 4 KiB append + fdatasync median {probe['median_us']:.0f} us, p99 {probe['p99_us']:.0f} us, {probe['syncs_per_s']:,.0f} syncs/s"
     )
-    log(
-        f"pinning: broker on core 0, load driver on core 1: {'yes' if pin and taskset('0') else 'no'}"
-    )
+    if pin and taskset("0"):
+        server, driver = bench_cores()
+        log(f"pinning: broker on core {server}, load driver on core {driver}")
+    else:
+        log("pinning: no")
     for v in versions(keys):
         log(f"version: {v}")
     if not args.clients:
@@ -1116,7 +1120,7 @@ def main() -> int:
         log("")
         log(
             f"### Clients — each broker through its own client library, one client process "
-            f"(pinned to core 1), {args.connections} concurrent callers, durable, {clients_jobs:,} "
+            f"(pinned to core {bench_cores()[1]}), {args.connections} concurrent callers, durable, {clients_jobs:,} "
             f"jobs, median of {runs} run(s) (min-max)"
         )
         log(clients_table(clients))
@@ -1143,7 +1147,7 @@ def main() -> int:
                 log(f"error: clients {crow.broker}: {e}")
     log("")
     log(
-        "CPU = share of one core during the enqueue / drain phase (broker pinned to core 0, driver to core 1); '!' = >= 90% busy."
+        "CPU = share of one core during the enqueue / drain phase (broker and driver pinned to the cores of the pinning line); '!' = >= 90% busy."
     )
     for note in bound_notes(all_rows) + load_notes(all_rows) + errors_of(all_rows):
         log(note)

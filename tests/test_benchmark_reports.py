@@ -203,7 +203,7 @@ def test_bench_client_quick_runs_short_and_slow_settings_run_fewer_jobs() -> Non
     assert bench_client.phase_jobs("worker_mif1", 1000) == bench_client.MIN_JOBS
 
 
-def _client_phase(rate: float, client_us: float, **extra: float) -> dict[str, float]:
+def _client_phase(rate: float, client_us: float, **extra: float | None) -> dict[str, float | None]:
     return {
         "jobs": 1000, "seconds": 1000 / rate, "jobs_per_s": rate, "client_cpu_s": 0.0,
         "server_cpu_s": 0.0, "client_us_per_job": client_us, "server_us_per_job": 30.0,
@@ -228,6 +228,61 @@ def test_bench_client_summarizes_medians_and_judges_its_own_targets() -> None:
     rows = bench_client.table_rows(summary)
     assert [r[0] for r in rows] == ["producer", "roundtrip"]
     assert rows[1][-1] == "1.00 / 2.90 / 4.00"
+
+
+def test_the_round_trip_verdict_says_how_far_apart_the_slow_ones_came() -> None:
+    runs = [
+        {"roundtrip": _client_phase(500, 400, p99_ms=6.0, p50_ms=1, p999_ms=9, slow=30, slow_gap_ms=101.0)},
+        {"roundtrip": _client_phase(500, 400, p99_ms=7.0, p50_ms=1, p999_ms=9, slow=40, slow_gap_ms=99.0)},
+        {"roundtrip": _client_phase(500, 400, p99_ms=5.0, p50_ms=1, p999_ms=9, slow=1, slow_gap_ms=None)},
+    ]  # fmt: skip
+    summary = {"roundtrip": bench_client.summarize("roundtrip", runs)}
+    line = bench_client.verdicts(summary)[2]
+    assert line == (
+        "round trip p99 <= 3 ms: 6.00 ms -> NOT MET (30 round trips took >= 3 ms, median 100 ms apart)"
+    ), line
+
+
+def test_slow_spacing_counts_the_slow_operations_and_the_gaps_between_them() -> None:
+    starts = [0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.31]
+    durations = [0.010, 0.001, 0.012, 0.001, 0.011, 0.009, 0.001]
+    assert common.slow_spacing(starts, durations, 0.005) == {"slow": 4, "gap_ms": 100.0}
+    assert common.slow_spacing(starts, durations, 0.0115) == {"slow": 1, "gap_ms": None}
+    assert common.slow_spacing([], [], 0.005) == {"slow": 0, "gap_ms": None}
+
+
+def test_the_sync_stall_probe_counts_what_it_ran(tmp_path: Path) -> None:
+    probe = common.sync_stalls(str(tmp_path), seconds=0.05)
+    assert probe["syncs"] > 0 and 0 <= probe["slow"] <= probe["syncs"], probe
+    assert probe["max_ms"] > 0
+    assert list(tmp_path.iterdir()) == []  # its file is removed
+    assert common.sync_stalls_line(probe, 0.05).startswith(
+        f"{probe['syncs']:,} back-to-back syncs in 0.05 s"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stalls", "cores"),
+    [({0: 12, 1: 0}, ("1", "0")), ({0: 0, 1: 3}, ("0", "1")), ({0: 2, 1: 2}, ("0", "1"))],
+)
+def test_bench_cores_puts_servers_on_the_core_whose_syncs_stalled_less(
+    monkeypatch: pytest.MonkeyPatch, stalls: dict[int, int], cores: tuple[str, str]
+) -> None:
+    monkeypatch.setenv(common.CORES_ENV, "")  # unset, and restored after the test
+    monkeypatch.setattr(common.os, "cpu_count", lambda: 2)
+    probed: list[int] = []
+    monkeypatch.setattr(common, "_pinned_stalls", lambda core: probed.append(core) or stalls[core])
+    assert common.bench_cores() == cores
+    assert probed == [0, 1]
+    assert common.os.environ[common.CORES_ENV] == ",".join(cores)
+    assert (common.server_core(), common.driver_core()) == cores  # reused, not probed again
+    assert probed == [0, 1]
+
+
+def test_bench_cores_takes_the_cores_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(common.CORES_ENV, "1, 0")
+    monkeypatch.setattr(common, "_pinned_stalls", lambda core: pytest.fail("probed"))
+    assert common.bench_cores() == ("1", "0")
 
 
 def test_the_clients_verdicts_set_sepp_against_bullmqs_own_api() -> None:
@@ -269,6 +324,7 @@ def test_bench_client_runs_every_phase_through_the_public_client(
         assert result[phase]["jobs"] == want, (phase, result[phase])
         assert result[phase]["jobs_per_s"] > 0 and result[phase]["client_us_per_job"] > 0
     assert result["roundtrip"]["p50_ms"] <= result["roundtrip"]["p99_ms"]
+    assert 0 <= result["roundtrip"]["slow"] <= 20
 
 
 def test_bench_client_child_takes_the_addresses_a_user_gives(

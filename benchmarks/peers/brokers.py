@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from benchmarks.common import run_json
+from benchmarks.common import driver_core, run_json, server_core
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -137,7 +137,7 @@ class Broker:
         self.data_dir = tempfile.mkdtemp(prefix=f"sepp-peer-{self.key}-")
         self.port = free_port()
         self.log_path = os.path.join(self.data_dir, "broker.log")
-        cmd = [*taskset("0" if self.pin else None), *self.command()]
+        cmd = [*taskset(server_core() if self.pin else None), *self.command()]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd,
@@ -205,7 +205,7 @@ class Broker:
     ) -> dict[str, Any]:
         assert self.proc is not None
         cmd = [
-            *taskset("1" if self.pin else None),
+            *taskset(driver_core() if self.pin else None),
             *self.driver_command(),
             "--port",
             str(self.port),
@@ -233,7 +233,7 @@ class Broker:
         to core 1) using the peer's ordinary API; one JSON result per phase."""
         assert self.proc is not None
         cmd = [
-            *taskset("1" if self.pin else None),
+            *taskset(driver_core() if self.pin else None),
             *self.client_command(),
             "--port", str(self.port),
             "--jobs", str(jobs),
