@@ -1,7 +1,7 @@
 """Online backup under load (issue 15 target): "Backup of a 1 GB data directory
 while the 50/50 load runs: throughput drop <= 10 %".
 
-One `sepp serve` (pinned to core 0, admin listener on, snapshots off so the data
+One `sepp serve` (pinned to the server core of `common.bench_cores`, admin listener on, snapshots off so the data
 directory is its log) is filled with ~1 GB of log (64 KiB jobs, batched, kept in a
 queue of their own). Then, for each round, the 50/50 load -- 50 producer and 50
 worker connections at once, closed loop, 256-byte payloads, one job per request,

@@ -63,7 +63,8 @@ cluster in turn (the others idle meanwhile).
 
 Pinning: off by default for both (the cluster's seven processes cannot share one
 core fairly with each other); `--pin` pins the single node and the cluster's
-processes to core 0 and the load generator to core 1, as bench_e2e does. The
+processes to the server core and the load generator to the driver core, as bench_e2e
+does (`common.bench_cores`). The
 cluster stays up (idle) while the single node runs.
 """
 
@@ -90,6 +91,7 @@ from benchmarks import bench_client
 from benchmarks.bench_e2e import loadgen, one_run
 from benchmarks.common import (
     ServeProcess,
+    bench_cores,
     fsync_rate,
     machine_line,
     median,
@@ -442,7 +444,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--pin", action="store_true", help="cluster + server core 0, load core 1")
+    parser.add_argument(
+        "--pin", action="store_true", help="cluster + server on one core, load on the other"
+    )
     parser.add_argument(
         "--appends-in-flight",
         type=int,
@@ -482,7 +486,11 @@ def main() -> None:
         f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, "
         f"{probe['syncs_per_s']:,.0f} syncs/s"
     )
-    print(f"pinning: {'server/cluster core 0, load generator core 1' if args.pin else 'none'}")
+    if args.pin:
+        server, driver = bench_cores()
+        print(f"pinning: server/cluster core {server}, load generator core {driver}")
+    else:
+        print("pinning: none")
     variants: list[int | None] = list(args.appends_in_flight or [None])
     clusters: dict[int | None, Cluster] = {}
     rows = []

@@ -3,8 +3,9 @@
 256-byte payloads; N producer connections with one request in flight each enqueue
 the jobs, then N worker connections reserve + ack them one at a time (the clock
 stops at the last ack), then one connection measures enqueue -> reserve -> ack
-round trips (p50/p99/p999). The server runs pinned to core 0 and the load
-generator (benchmarks/loadgen.py) to core 1; the generator's CPU share is
+round trips (p50/p99/p999). The server runs pinned to the server core and the load
+generator (benchmarks/loadgen.py) to the driver core (`common.bench_cores`: 0 and 1,
+or swapped where syncs stall on core 0); the generator's CPU share is
 reported, so a run where it was the bottleneck shows (>= 90% is flagged).
 
     python -m benchmarks.bench_e2e                      # headline 50/50, every persist mode
@@ -171,9 +172,10 @@ def main() -> None:
     print(
         f"disk: 4 KiB append + fdatasync median {probe['median_us']:.0f} us, {probe['syncs_per_s']:,.0f} syncs/s"
     )
-    print(
-        f"pinning: server on core 0, load generator on core 1: {'yes' if pin and taskset('0') else 'no'}"
-    )
+    if pin and taskset("0"):
+        print(f"pinning: server on core {server_core()}, load generator on core {driver_core()}")
+    else:
+        print("pinning: no")
     rows = []
 
     def add_row(

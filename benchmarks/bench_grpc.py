@@ -2,7 +2,8 @@
 `sepp serve --grpc-listen`, beside the native protocol on the same server.
 
 Per run: a fresh `sepp serve --persist-mode sync_all --grpc-listen 127.0.0.1:0`
-(snapshots off) pinned to core 0, then, one after the other, each pinned to core 1:
+(snapshots off) pinned to the server core, then, one after the other, each pinned to
+the driver core (`common.bench_cores`):
 
 | phase      | the client process                                                          |
 |------------|-----------------------------------------------------------------------------|

@@ -4,8 +4,8 @@
     python -m benchmarks.bench_large --runs 5 --requests 200
 
 A fresh `sepp serve` per run (durable, `sync_data` unless `--mode`; snapshots off;
-pinned to core 0), and this process as its one client (`SeppClient`, pinned to core
-1), sending requests one after another, each awaited before the next, in three
+pinned to the server core), and this process as its one client (`SeppClient`, pinned
+to the driver core; `common.bench_cores`), sending requests one after another, each awaited before the next, in three
 shapes:
 
 - `enqueue 1 x 1 MiB`: `enqueue_batch` of one job of a 1 MiB random payload;
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, {int(driver_core())})
     print(machine_line())
     print(
-        f"sepp serve --persist-mode {args.mode} (snapshots off, core 0); one SeppClient "
-        f"(core 1); {args.requests} jobs of 1 MiB per shape, {args.runs} run(s), seed {seed}"
+        f"sepp serve --persist-mode {args.mode} (snapshots off, core {server_core()}); one SeppClient "
+        f"(core {driver_core()}); {args.requests} jobs of 1 MiB per shape, {args.runs} run(s), seed {seed}"
     )
     runs = []
     for i in range(args.runs):

@@ -6,9 +6,9 @@ by side in one run).
     python -m benchmarks.bench_metrics_overhead --rounds 3 --jobs 40000
 
 Each round runs a real `sepp serve` (persist mode sync_data, snapshots off, pinned
-to core 0) twice, in alternating order (on/off, then off/on, ...), and drives it
-with the lean load generator (benchmarks/loadgen.py, raw protocol, pinned to core
-1, 50 connections: enqueue the jobs, then reserve + ack each):
+to the server core of `common.bench_cores`) twice, in alternating order (on/off, then off/on, ...), and drives it
+with the lean load generator (benchmarks/loadgen.py, raw protocol, pinned to the
+driver core, 50 connections: enqueue the jobs, then reserve + ack each):
 
 - on: `--admin-listen 127.0.0.1:0`, so the native front counts every request
   (sepp_requests_total, sepp_request_duration_seconds), one /admin/api/v1/events

@@ -1,6 +1,6 @@
 """The `Worker` as a user runs it: one process, one `SeppClient`, a no-op handler,
-against a real `sepp serve` in another process (pinned to core 0; this process
-to core 1). Prints jobs/s (first reserve to last ack) and the client process's
+against a real `sepp serve` in another process (pinned to the server core of
+`common.bench_cores`; this process to the driver core). Prints jobs/s (first reserve to last ack) and the client process's
 CPU µs per job, per `max_jobs` setting, the median of `--runs`.
 
     python -m benchmarks.bench_worker                       # max_jobs unset and 1, 50 in flight
