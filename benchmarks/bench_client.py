@@ -3,8 +3,8 @@ run it (issue 14).
 
 A real `sepp serve` (durable, `sync_all` unless `--mode`; snapshots off; pinned to
 the server core, as bench_e2e starts it) and ONE client process pinned to the other
-(its own `os.sched_setaffinity`; the cores from `common.bench_cores`; `--no-pin` leaves both free). The client process uses only
-the public API (`SeppClient`, `Worker`, `SyncSeppClient`), so the benchmark keeps
+(its own `os.sched_setaffinity`; the cores from `common.bench_cores`; `--no-pin`
+leaves both free). The client process uses only the public API (`SeppClient`, `Worker`, `SyncSeppClient`), so the benchmark keeps
 measuring whatever the client's internals become. Phases, in this order, each on
 its own queue, 256-byte payloads:
 

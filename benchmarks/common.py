@@ -107,14 +107,6 @@ def sync_stalls(
     }
 
 
-def sync_stalls_line(probe: dict[str, Any], seconds: float = 2.0) -> str:
-    gap = "" if probe["gap_ms"] is None else f", median {probe['gap_ms']:.0f} ms apart"
-    return (
-        f"{probe['syncs']:,} back-to-back syncs in {seconds:g} s: {probe['slow']} took >= 5 ms"
-        f"{gap} (longest {probe['max_ms']:.1f} ms)"
-    )
-
-
 def machine_line() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return (

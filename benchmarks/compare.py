@@ -128,7 +128,8 @@ def run_sepp(
     rounds: int,
 ) -> dict[str, Any]:
     # bench_e2e.one_run starts `sepp serve` pinned to the server core (snapshots off)
-    # and loadgen to the driver core (common.bench_cores), exactly as `python -m benchmarks.bench_e2e` does.
+    # and loadgen to the driver core (common.bench_cores), exactly as
+    # `python -m benchmarks.bench_e2e` does.
     del rounds  # one_run uses loadgen's 2,000 latency rounds
     result = bench_e2e.one_run(persist_mode, connections, jobs, pin, latency=latency, build=build)
     result["client"] = "benchmarks/loadgen.py (raw protocol, asyncio)"
@@ -1120,7 +1121,8 @@ def main() -> int:
         log("")
         log(
             f"### Clients — each broker through its own client library, one client process "
-            f"(pinned to core {bench_cores()[1]}), {args.connections} concurrent callers, durable, {clients_jobs:,} "
+            f"({f'pinned to core {bench_cores()[1]}' if pin and taskset('0') else 'unpinned'}), "
+            f"{args.connections} concurrent callers, durable, {clients_jobs:,} "
             f"jobs, median of {runs} run(s) (min-max)"
         )
         log(clients_table(clients))

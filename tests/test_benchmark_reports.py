@@ -256,9 +256,6 @@ def test_the_sync_stall_probe_counts_what_it_ran(tmp_path: Path) -> None:
     assert probe["syncs"] > 0 and 0 <= probe["slow"] <= probe["syncs"], probe
     assert probe["max_ms"] > 0
     assert list(tmp_path.iterdir()) == []  # its file is removed
-    assert common.sync_stalls_line(probe, 0.05).startswith(
-        f"{probe['syncs']:,} back-to-back syncs in 0.05 s"
-    )
 
 
 @pytest.mark.parametrize(
