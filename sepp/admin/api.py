@@ -46,7 +46,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -145,15 +145,21 @@ def json_response(body: Any, status: int = 200) -> web.Response:
 
 async def answer(
     service: SeppService,
-    call: Callable[[], tuple[Any, int]],
+    call: Callable[[], tuple[Any, int] | Awaitable[Any]],
     render: Callable[[Any], Any],
     status: Callable[[Any], int] = lambda _reply: 200,
 ) -> web.Response:
     """Run one service call, wait until its barrier is durable, then render its
-    outcome (a result, a Decision, or a refusal as an ApiError)."""
+    outcome (a result, a Decision, or a refusal as an ApiError). A call that
+    returns an awaitable (an enqueue stored in parts) has its outcome durable
+    once awaited."""
     try:
-        outcome, barrier = call()
-        await service.durable(barrier)
+        called = call()
+        if isinstance(called, tuple):
+            outcome, barrier = called
+            await service.durable(barrier)
+        else:
+            outcome = await called
     except ShuttingDown as exc:
         raise _error("unavailable", str(exc)) from None
     except StorageFailed as exc:
@@ -446,6 +452,9 @@ async def enqueue(request: web.Request) -> web.Response:
         except ProtocolError as exc:
             parsed.append(exc)
     jobs = tuple(map(new_job, service.new_job_ids(len(parsed)), parsed))
+    parts = service.enqueue_parts(jobs, atomic)
+    if parts is not None:  # a large batch, stored part by part (sepp/server/parts.py)
+        return await answer(service, lambda: service.enqueue_in_parts_wait(parts), enqueue_body)
     return await answer(service, lambda: service.enqueue(jobs, atomic), enqueue_body)
 
 

@@ -146,7 +146,7 @@ def status_of(error: BaseException | CommandError) -> tuple[grpc.StatusCode, str
     if isinstance(error, _Refused):
         return error.code, error.message
     if isinstance(error, ShuttingDown):
-        return grpc.StatusCode.UNAVAILABLE, "the server is shutting down"
+        return grpc.StatusCode.UNAVAILABLE, str(error)
     if isinstance(error, InvalidRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
     if isinstance(error, Overloaded):
@@ -279,10 +279,16 @@ class QueueServiceFront:
         self, request: pb.EnqueueBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.EnqueueBatchResponse:
         service = self.service
-        decision, barrier = service.enqueue(self._new_jobs(request), False)
-        # Refusals too wait for the barrier: an answer never shows what is not
-        # yet durable (a NOT_FOUND for an ack of a job whose enqueue is not).
-        await service.durable(barrier)
+        jobs = self._new_jobs(request)
+        parts = service.enqueue_parts(jobs, False)
+        if parts is not None:
+            # A large batch, stored part by part (sepp/server/parts.py).
+            decision = await service.enqueue_in_parts_wait(parts)
+        else:
+            decision, barrier = service.enqueue(jobs, False)
+            # Refusals too wait for the barrier: an answer never shows what is not
+            # yet durable (a NOT_FOUND for an ack of a job whose enqueue is not).
+            await service.durable(barrier)
         reply = _decided(decision).reply
         assert isinstance(reply, EnqueueResult)
         return convert.enqueue_batch_response(reply)

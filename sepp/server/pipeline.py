@@ -167,12 +167,20 @@ class CommitPipeline:
 
     # -- commands --------------------------------------------------------------
 
-    def execute(self, command: Command) -> tuple[Decision | CommandError, int]:
+    @property
+    def accepting(self) -> bool:
+        """Whether commands executed now will be committed (False once stopping)."""
+        return self._committer is not None and self.failure is None
+
+    def execute(
+        self, command: Command, admitted: bool = False
+    ) -> tuple[Decision | CommandError, int]:
         """Run `command` now (on the loop thread); returns the decision and the
-        barrier to wait for. Raises Overloaded or StorageFailed."""
+        barrier to wait for. Raises Overloaded (unless `admitted`: the continuation
+        of a request already taken) or StorageFailed."""
         if self.failure is not None:
             raise StorageFailed(f"storage has failed: {self.failure}")
-        if len(self._waiters) >= self.backlog_max:
+        if not admitted and len(self._waiters) >= self.backlog_max:
             raise Overloaded(
                 f"{len(self._waiters)} commands are waiting for the disk; retry shortly"
             )

@@ -38,7 +38,7 @@ import dataclasses
 import logging
 import ssl
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from time import perf_counter
 from typing import Any, cast
@@ -590,6 +590,10 @@ class SeppServer:
             self._server.close()
         # No new commands; parked reserves answered empty; no more sweeps.
         self.service.stop()
+        # Enqueues being stored in parts were taken before the stop: they finish.
+        grace_s = self.config.get("server", "shutdown_grace_ms") / 1000
+        if not await self.service.parts_finished(grace_s):
+            log.warning("shutdown: an enqueue stored in parts did not finish within the grace")
         if self.cluster is not None:
             # A planned handover: the node steps down (answering what waits) and
             # releases its lease, so another node takes over at once.
@@ -716,6 +720,9 @@ class ClientConnection(asyncio.Protocol):
         # self.transport over (they arrive in the same turn as its completion).
         self._pending: bytearray | None = None
         self._reading_paused = False
+        # While a large enqueue is stored in parts (op_enqueue), the requests read
+        # after it wait here, unread ones in the socket (reading paused).
+        self._held: deque[bytes] | None = None
         # The client half-closed: answer what is in flight, then close.
         self.eof = False
         # Request metrics (RequestMetrics, None when no listener serves /metrics):
@@ -926,6 +933,31 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.transport is not None and self._reading_paused and not self.closed:
             self._reading_paused = False
+            if self._held is None:
+                self.transport.resume_reading()
+
+    def _hold(self) -> None:
+        """Keep the requests that follow for later (`_unhold`)."""
+        self._held = deque()
+        if self.transport is not None and not self._reading_paused:
+            self.transport.pause_reading()
+
+    def _unhold(self) -> None:
+        """Apply the requests held by `_hold`, in order, until one holds again."""
+        held = self._held
+        self._held = None
+        while held and not self.closed:
+            self._handle_frame(held.popleft())
+            if self._held is not None:
+                # Another large enqueue: what is left waits behind it.
+                self._held.extendleft(reversed(held))
+                return
+        if self.closed:
+            return
+        if self.eof and self.in_flight <= 0:
+            self.close()
+            return
+        if self.transport is not None and not self._reading_paused:
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -956,10 +988,15 @@ class ClientConnection(asyncio.Protocol):
             log.warning("closing %s: %s", self.peer, str(exc))
             self.close()
             return
+        held = self._held
         for frame in frames:
             if self.closed:
                 return
+            if held is not None:
+                held.append(frame)
+                continue
             self._handle_frame(frame)
+            held = self._held
         try:
             self.reader.raise_pending()
         except perr.FrameTooLarge as exc:
@@ -1045,7 +1082,7 @@ class ClientConnection(asyncio.Protocol):
             transport.writelines(frame)
         else:
             transport.write(frame)
-        if self.eof and self.in_flight <= 0:
+        if self.eof and self.in_flight <= 0 and self._held is None:
             self.close()
             return
         if unread > self.server.output_buffer_max:
@@ -1330,8 +1367,35 @@ class ClientConnection(asyncio.Protocol):
             jobs: tuple[NewJob, ...] = (new_job(service.new_job_id(), wire_jobs[0]),)
         else:
             jobs = tuple(map(new_job, service.new_job_ids(len(wire_jobs)), wire_jobs))
-        decision, barrier = service.enqueue(jobs, body.atomic)
-        self._finish(request_id, decision, barrier, enqueue_body)
+        parts = service.enqueue_parts(jobs, body.atomic)
+        if parts is None:
+            decision, barrier = service.enqueue(jobs, body.atomic)
+            self._finish(request_id, decision, barrier, enqueue_body)
+            return
+        # A large batch, stored part by part (sepp/server/parts.py): this
+        # connection's later requests wait for its answer, to be applied in the
+        # order they were sent.
+        self._hold()
+        try:
+            service.enqueue_in_parts(parts, lambda e, o: self._parts_done(e, o, request_id))
+        except BaseException:
+            self._unhold()
+            raise
+
+    def _parts_done(
+        self,
+        error: BaseException | None,
+        outcome: Decision | CommandError | None,
+        request_id: int,
+    ) -> None:
+        if isinstance(error, ShuttingDown):
+            self.error(request_id, perr.UNAVAILABLE, str(error), reason=perr.REASON_SHUTTING_DOWN)
+        elif error is not None:
+            self.send_after(error, b"", request_id)
+        else:
+            assert outcome is not None
+            self._finish(request_id, outcome, 0, enqueue_body)
+        self._unhold()
 
     def op_reserve(self, request_id: int, body: pm.ReserveBody) -> None:
         sink = NativeReserveSink(self, request_id)

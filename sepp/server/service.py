@@ -99,6 +99,7 @@ from sepp.server.admission import WaitList
 from sepp.server.config import ADMIN_ROLES, AdminKey, ServerConfig
 from sepp.server.ids import JobIds
 from sepp.server.metrics import ServerMetrics
+from sepp.server.parts import EnqueueInParts, PartsDone, split_enqueue
 from sepp.server.pipeline import CommitPipeline, Overloaded, wall_clock_ms
 from sepp.server.timezones import UnknownTimeZone, zone_table
 from sepp.storage import Engine, StorageFailed
@@ -227,8 +228,8 @@ class ServiceError(Exception):
 class ShuttingDown(ServiceError):
     """The server is shutting down: no new commands are taken."""
 
-    def __init__(self) -> None:
-        super().__init__("the server is shutting down")
+    def __init__(self, message: str = "the server is shutting down") -> None:
+        super().__init__(message)
 
 
 class InvalidRequest(ServiceError):
@@ -389,6 +390,10 @@ class SeppService:
         self.answer_items_bytes_max = (
             config.get("limits", "max_message_bytes") - ANSWER_ENVELOPE_BYTES_MAX
         )
+        # Enqueues being stored in parts (sepp/server/parts.py), and who waits for
+        # the last of them to end (shutdown).
+        self._parted: set[EnqueueInParts] = set()
+        self._parted_idle: asyncio.Event | None = None
 
     def reconfigure(self, config: ServerConfig) -> None:
         """Hot reload (sepp/server/reload.py): run with `config` from the next
@@ -507,13 +512,14 @@ class SeppService:
     def now_ms(self) -> int:
         return self.clock()
 
-    def run(self, command: Command) -> tuple[Decision | CommandError, int]:
+    def run(self, command: Command, admitted: bool = False) -> tuple[Decision | CommandError, int]:
         """Execute a command on the loop thread; side effects (wakes, sweep timer,
         snapshots) included. Returns the decision and the barrier its answer waits
-        for. Raises Overloaded / StorageFailed."""
+        for. Raises Overloaded (never when `admitted`: the later parts of a request
+        already taken) / StorageFailed."""
         pipeline = self.pipeline
         assert pipeline is not None
-        decision, barrier = pipeline.execute(command)
+        decision, barrier = pipeline.execute(command, admitted)
         self.metrics.count_decision(pipeline.engine.state, command, decision)
         if type(decision) is Decision and decision.events:
             if decision.woken:
@@ -559,6 +565,75 @@ class SeppService:
         if self.stopping:
             raise ShuttingDown()
         return self.run(_new_tuple(Enqueue, (jobs, atomic)))
+
+    def enqueue_parts(
+        self, jobs: tuple[NewJob, ...], atomic: bool
+    ) -> list[tuple[NewJob, ...]] | None:
+        """The parts a large best-effort enqueue is stored in (`enqueue_in_parts`),
+        or None when `enqueue` stores it whole (sepp/server/parts.py)."""
+        if atomic or len(jobs) < 2:
+            return None
+        return split_enqueue(jobs, self.core_config.limits.max_enqueue_batch)
+
+    def enqueue_in_parts(self, parts: list[tuple[NewJob, ...]], done: PartsDone) -> None:
+        """Store `parts` (from `enqueue_parts`) one after another, each once the one
+        before is durable; `done(error, outcome)` once the last is (outcome: one
+        Decision for the whole batch, or the CommandError of a part refused whole).
+        Raises like `enqueue` when the first part cannot start."""
+        if self.stopping:
+            raise ShuttingDown()
+        parted = EnqueueInParts(self, parts, done)
+        self._parted.add(parted)
+        try:
+            parted.start()
+        except BaseException:
+            self._parted.discard(parted)
+            raise
+
+    async def enqueue_in_parts_wait(
+        self, parts: list[tuple[NewJob, ...]]
+    ) -> Decision | CommandError:
+        """`enqueue_in_parts` for fronts that await: the outcome once the last part is
+        durable; raises what ended it (ShuttingDown, StorageFailed, ...)."""
+        future: asyncio.Future[Decision | CommandError] = asyncio.get_running_loop().create_future()
+
+        def done(error: BaseException | None, outcome: Decision | CommandError | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                assert outcome is not None
+                future.set_result(outcome)
+
+        self.enqueue_in_parts(parts, done)
+        return await future
+
+    def parts_may_continue(self) -> BaseException | None:
+        """None while the next part of a parted enqueue may run; else why not."""
+        pipeline = self.pipeline
+        if pipeline is None or not pipeline.accepting:
+            return ShuttingDown("the server stopped while storing a batch in parts")
+        return None
+
+    def parts_ended(self, parted: EnqueueInParts) -> None:
+        self._parted.discard(parted)
+        if not self._parted and self._parted_idle is not None:
+            self._parted_idle.set()
+
+    async def parts_finished(self, timeout_s: float) -> bool:
+        """Shutdown: wait (at most `timeout_s`) for the enqueues being stored in parts
+        to end; True if none is left."""
+        if not self._parted:
+            return True
+        self._parted_idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._parted_idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._parted_idle = None
+        return True
 
     def new_job_id(self) -> str:
         return self.ids.next()

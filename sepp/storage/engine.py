@@ -565,7 +565,7 @@ class Engine:
                 # disk time are left (sepp/storage/iopriority.py).
                 os.nice(19)
                 set_idle_io_priority()
-                write_snapshot_file(self.fs, tmp, self.state, seq)
+                write_snapshot_file(self.fs, tmp, self.state, seq, yield_disk=True)
                 status = 0
             except BaseException:
                 status = 1

@@ -19,6 +19,7 @@ Must not import: asyncio, sockets.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -152,8 +153,17 @@ def write_snapshot_file(
     last_seq: int,
     *,
     record_bytes_budget: int = RECORD_BYTES_BUDGET,
+    yield_disk: bool = False,
 ) -> int:
-    """Write the snapshot to `path` (a new file) and sync it. Returns its size."""
+    """Write the snapshot to `path` (a new file) and sync it. Returns its size.
+
+    `yield_disk` (a snapshot written beside the running server, by its forked
+    child): after each chunk's sync, wait as long as that sync took, so that the
+    snapshot keeps the disk busy at most half the time and the log's syncs never
+    queue behind a stream of its chunks (issue 13: with 1,000 live jobs of 1 MiB
+    arriving, snapshots of up to 1 GiB ran back to back, and a well-behaved
+    client's round trip p99 was 13-14 ms without snapshots, 39-40 ms with them,
+    and 23-30 ms with this pause)."""
     handle = fs.create(path)
     size = 0
     try:
@@ -170,8 +180,11 @@ def write_snapshot_file(
                 # commit stalls). Chunk by chunk, a log sync waits at most for
                 # one chunk. The synced chunk leaves the page cache, as the log's
                 # records do (wal.py `_drop_synced_cache`): only recovery reads it.
+                synced_from = time.monotonic()
                 fs.fdatasync(handle)
                 fs.drop_cache(handle, chunk_start, size - chunk_start)
+                if yield_disk:
+                    time.sleep(time.monotonic() - synced_from)
         if buffer:
             fs.write(handle, buffer)
             size += len(buffer)

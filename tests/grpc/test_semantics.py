@@ -320,3 +320,20 @@ async def test_jobs_leased_for_a_call_that_ended_meanwhile_are_released_uncounte
         [delivered] = await reserve(stub, "q")
     # Ready again at once, and the attempt nobody made is not counted.
     assert (delivered.id, delivered.attempt) == (job_id, 1)
+
+
+async def test_a_large_batch_is_stored_in_parts_and_answered_in_order():
+    # sepp/server/parts.py: over 1 MiB, one record per part, one answer.
+    datas = [bytes([i]) * (700 * 1024) for i in range(3)]
+    async with grpc_server() as server, stub_for(grpc_address(server)) as stub:
+        engine = server.service.engine
+        assert engine is not None
+        before = engine.stats["records"]
+        jobs = [job("big", payload=pb.Payload(data=d, encoding="b")) for d in datas]
+        response = await stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=jobs))
+        ids = [r.success.job_id for r in response.results]
+        assert len(set(ids)) == 3 and all(ids)
+        assert engine.stats["records"] - before == 3
+        delivered = await reserve(stub, "big", max_jobs=3)
+        assert [j.id for j in delivered] == ids
+        assert [j.payload.data for j in delivered] == datas

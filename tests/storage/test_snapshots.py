@@ -7,7 +7,9 @@ decisions (`helpers.History.state_at(seq)`), never against the engine itself.
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 from typing import Any
 
 import msgpack
@@ -387,6 +389,77 @@ def test_the_fork_snapshot_writer_runs_in_the_idle_io_class(tmp_path: Any) -> No
     assert int(pid) != os.getpid()  # written by the child
     assert int(klass) == IOPRIO_CLASS_IDLE != own_class
     assert io_priority_class() == own_class  # the server's own priority is unchanged
+
+
+class _SnapshotTimingFS(RealFileSystem):
+    """Appends to `record`, from the process writing a snapshot temp file, the
+    monotonic times of its writes ("w t") and syncs ("s start end")."""
+
+    def __init__(self, record: str) -> None:
+        super().__init__()
+        self.record = record
+        self.snapshot_handles: set[int] = set()
+
+    def create(self, path: str) -> int:
+        handle = super().create(path)
+        if path.endswith(".tmp"):
+            self.snapshot_handles.add(handle)
+        return handle
+
+    def _note(self, line: str) -> None:
+        with open(self.record, "a") as f:
+            f.write(line + "\n")
+
+    def write(self, handle: int, data: bytes | bytearray | memoryview) -> None:
+        if handle in self.snapshot_handles:
+            self._note(f"w {time.monotonic()}")
+        super().write(handle, data)
+
+    def fdatasync(self, handle: int) -> None:
+        started = time.monotonic()
+        super().fdatasync(handle)
+        if handle in self.snapshot_handles:
+            self._note(f"s {started} {time.monotonic()}")
+
+
+def test_the_fork_snapshot_writer_leaves_the_disk_idle_as_long_as_each_sync_took(
+    tmp_path: Any,
+) -> None:
+    # Issue 13: back-to-back snapshot chunks made the log's syncs queue behind them.
+    record = str(tmp_path / "timing")
+    fs = _SnapshotTimingFS(record)
+    engine = Engine.open(
+        str(tmp_path / "data"), CONFIG, StorageOptions(snapshot_mode="fork"), fs=fs
+    )
+    for n in range(600):  # a snapshot of ~2.4 MB: a chunk and a rest
+        engine.execute(enqueue_one(n, payload_bytes=4000), T0 + n)
+    assert engine.snapshot_now() == 600
+    engine.close()
+    with open(record) as f:
+        events = [line.split() for line in f]
+    gaps = [
+        (float(after[1]) - float(sync[2]), float(sync[2]) - float(sync[1]))
+        for sync, after in itertools.pairwise(events)
+        if sync[0] == "s" and after[0] == "w"
+    ]
+    assert gaps, events
+    for idle, synced in gaps:
+        assert idle >= synced
+
+
+def test_an_inline_snapshot_does_not_pause_between_chunks(tmp_path: Any, monkeypatch: Any) -> None:
+    # Inline, the writer thread itself writes it: every pause would hold the log.
+    fs = _SnapshotTimingFS(str(tmp_path / "timing"))
+    engine = Engine.open(
+        str(tmp_path / "data"), CONFIG, StorageOptions(snapshot_mode="inline"), fs=fs
+    )
+    for n in range(600):
+        engine.execute(enqueue_one(n, payload_bytes=4000), T0 + n)
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    assert engine.snapshot_now() == 600
+    engine.close()
+    assert slept == []
 
 
 # ---------------------------------------------------------------- retention
