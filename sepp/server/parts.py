@@ -143,6 +143,8 @@ class EnqueueInParts:
 
     def _durable(self, error: BaseException | None, part: tuple[NewJob, ...]) -> None:
         if error is not None:
+            # This part's record may or may not be on disk.
+            error.args = (f"{error} ({self._stored_note(unknown=len(part))})",)
             self._finish(error, None)
             return
         self._stored.extend(job.job_id for job in part)
@@ -168,14 +170,20 @@ class EnqueueInParts:
             decision = dataclasses.replace(decision, message=message)
         self._finish(error, decision)
 
-    def _stored_note(self) -> str:
-        stored = self._stored
-        if not stored:
-            return f"none of the batch's {self.total} jobs was stored"
-        return (
-            f"the batch's first {len(stored)} of {self.total} jobs were stored, the rest"
-            f" were not: {', '.join(stored)}"
+    def _stored_note(self, unknown: int = 0) -> str:
+        """What became of the batch's jobs: the first ones stored (by id), then
+        `unknown` whose outcome is unknown, the rest not stored."""
+        stored, total = self._stored, self.total
+        said = (
+            f"the batch's first {len(stored)} of {total} jobs were stored ({', '.join(stored)})"
+            if stored
+            else f"none of the batch's {total} jobs is known to be stored"
         )
+        if unknown:
+            said += f"; the outcome of the next {unknown} is unknown"
+        if len(stored) + unknown < total:
+            said += "; the rest were not stored"
+        return said
 
     def _finish(self, error: BaseException | None, outcome: Decision | CommandError | None) -> None:
         self._service.parts_ended(self)

@@ -1390,6 +1390,13 @@ class ClientConnection(asyncio.Protocol):
     ) -> None:
         if isinstance(error, ShuttingDown):
             self.error(request_id, perr.UNAVAILABLE, str(error), reason=perr.REASON_SHUTTING_DOWN)
+        elif error is not None and not isinstance(error, NotLeader):
+            self.error(
+                request_id,
+                perr.INTERNAL,
+                f"storage failed: {error}",
+                reason=perr.REASON_STORAGE_FAILED,
+            )
         elif error is not None:
             self.send_after(error, b"", request_id)
         else:

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
+from collections.abc import Callable
 
-from sepp.core.commands import NewJob
-from sepp.server.parts import ENQUEUE_PART_BYTES, job_bytes, split_enqueue
-from sepp.server.server import SeppServer
+from sepp.core.commands import Enqueue, NewJob
+from sepp.core.decide import Decision
+from sepp.core.results import Accepted, EnqueueResult, InvalidArgument
+from sepp.server.parts import ENQUEUE_PART_BYTES, EnqueueInParts, job_bytes, split_enqueue
+from sepp.server.server import EXIT_STORAGE_FAILED, SeppServer
+from sepp.server.service import ShuttingDown
+from sepp.storage.faultfs import FaultyFileSystem
 from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import connect, job, payload
 from tests.server.test_admin_api import admin_api
@@ -137,3 +143,116 @@ async def test_the_admin_api_stores_a_large_batch_in_parts():
         assert status == 200, body
         assert len({r.get("job_id") for r in body["results"]}) == 3, body["results"][0]
         assert _records(api.server) - before == 3
+
+
+async def test_a_storage_failure_between_parts_names_the_jobs_stored_before_it():
+    fs = FaultyFileSystem()
+    async with in_process(in_process_config(storage__persist_mode="sync_data"), fs) as server:
+        client = await connect(address_of(server))
+        await client.enqueue_ids(job("q"))  # the log exists and is synced
+        fs.fail("fdatasync", errno.EIO, times=-1, after=1)  # the first part's sync passes
+        jobs = [job("big", payload=payload(bytes([i]) * BIG)) for i in range(3)]
+        request_id = client.send("enqueue", {"jobs": jobs})
+        answer = await client.response(request_id)
+        assert (answer.status, answer.body.get("reason")) == ("internal", "storage_failed")
+        message = answer.body["message"]
+        assert "first 1 of 3 jobs were stored" in message, message
+        assert "the outcome of the next 1 is unknown; the rest were not stored" in message
+        assert await asyncio.wait_for(server.wait_stopped(), 30) == EXIT_STORAGE_FAILED
+    fs.clear_faults()
+    fs.crash()
+    async with in_process(in_process_config(storage__persist_mode="sync_data"), fs) as server:
+        client = await connect(address_of(server))
+        # The part synced before the failure is kept; the failed one's outcome was
+        # unknown (written, never synced); the third was never run.
+        ready = (await client.stats("big"))["ready"]
+        assert ready in (1, 2), ready
+        await client.close()
+
+
+class FakeService:
+    """Runs parts through a scripted `decide` and resolves barriers on demand."""
+
+    def __init__(self, outcomes: list[object]) -> None:
+        self.outcomes = outcomes  # per part: "ok", a CommandError, or an exception
+        self.runs: list[tuple[tuple[str, ...], bool]] = []
+        self.waiting: list[tuple[Callable[..., None], tuple[object, ...]]] = []
+        self.stop: BaseException | None = None
+        self.ended = 0
+
+    def run(self, command: Enqueue, admitted: bool = False) -> tuple[object, int]:
+        self.runs.append((tuple(j.job_id for j in command.jobs), admitted))
+        outcome = self.outcomes[len(self.runs) - 1]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome == "ok":
+            results = tuple(Accepted(j.job_id, False) for j in command.jobs)
+            return Decision((), 5, EnqueueResult(results), frozenset()), len(self.runs)
+        return outcome, 0
+
+    def after_durable(self, barrier: int, callback: Callable[..., None], *args: object) -> None:
+        self.waiting.append((callback, args))
+
+    def durable(self, error: BaseException | None = None) -> None:
+        callback, args = self.waiting.pop(0)
+        callback(error, *args)
+
+    def parts_may_continue(self) -> BaseException | None:
+        return self.stop
+
+    def parts_ended(self, parted: object) -> None:
+        self.ended += 1
+
+
+def _parts(*sizes: int) -> list[tuple[NewJob, ...]]:
+    return [tuple(_new(f"{p}.{i}", 10) for i in range(n)) for p, n in enumerate(sizes)]
+
+
+def _run(service: FakeService, parts: list[tuple[NewJob, ...]]) -> list[tuple[object, object]]:
+    done: list[tuple[object, object]] = []
+    EnqueueInParts(service, parts, lambda e, o: done.append((e, o))).start()  # type: ignore[arg-type]
+    return done
+
+
+def test_parts_run_one_after_another_and_only_the_first_may_be_refused_for_backlog():
+    service = FakeService(["ok", "ok", "ok"])
+    done = _run(service, _parts(2, 1, 2))
+    assert service.runs == [(("0.0", "0.1"), False)]  # the rest wait for its sync
+    service.durable()
+    service.durable()
+    assert [admitted for _, admitted in service.runs] == [False, True, True]
+    assert not done
+    service.durable()
+    ((error, outcome),) = done
+    assert error is None and isinstance(outcome, Decision)
+    assert [r.job_id for r in outcome.reply.results] == ["0.0", "0.1", "1.0", "2.0", "2.1"]
+    assert service.ended == 1
+
+
+def test_a_part_refused_whole_answers_with_the_jobs_stored_before_it():
+    service = FakeService(["ok", InvalidArgument("too big for a record")])
+    done = _run(service, _parts(1, 2))
+    service.durable()
+    service.durable()
+    ((error, outcome),) = done
+    assert error is None and isinstance(outcome, InvalidArgument)
+    assert outcome.message == (
+        "too big for a record (the batch's first 1 of 3 jobs were stored (0.0);"
+        " the rest were not stored)"
+    )
+    # Refused at the first part: the core's refusal, unchanged.
+    service = FakeService([InvalidArgument("no")])
+    done = _run(service, _parts(1, 2))
+    service.durable()
+    assert done == [(None, InvalidArgument("no"))]
+
+
+def test_a_stop_between_parts_ends_it_with_shutting_down_and_what_was_stored():
+    service = FakeService(["ok", "ok"])
+    done = _run(service, _parts(1, 1))
+    service.stop = ShuttingDown("the server stopped while storing a batch in parts")
+    service.durable()
+    ((error, outcome),) = done
+    assert isinstance(error, ShuttingDown) and outcome is None
+    assert "first 1 of 2 jobs were stored (0.0); the rest were not stored" in str(error)
+    assert len(service.runs) == 1 and service.ended == 1
