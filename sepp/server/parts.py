@@ -17,7 +17,9 @@ the last part is durable. What a client can tell: other clients' commands may be
 applied between two parts of its batch (a worker may reserve its first jobs before
 the last ones are stored), and a crash between parts keeps the parts before it (as
 two requests would; its answer was never sent). An atomic enqueue, a single job,
-and a batch over `max_enqueue_batch` (refused whole by the core) are never split.
+a batch over `max_enqueue_batch` (refused whole by the core), and any batch in
+cluster mode (records capped at one log message; `SeppService.enqueue_parts`) are
+never split.
 
 Owns: `ENQUEUE_PART_BYTES`, `job_bytes`, `split_enqueue` (the parts, or None), and
 `EnqueueInParts` (runs them; the service starts one, each front waits for its

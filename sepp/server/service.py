@@ -570,8 +570,14 @@ class SeppService:
         self, jobs: tuple[NewJob, ...], atomic: bool
     ) -> list[tuple[NewJob, ...]] | None:
         """The parts a large best-effort enqueue is stored in (`enqueue_in_parts`),
-        or None when `enqueue` stores it whole (sepp/server/parts.py)."""
+        or None when `enqueue` stores it whole (sepp/server/parts.py). Cluster mode
+        stores every batch whole: its records are capped at one log message
+        (~1 MiB), so none holds the others for long, and a batch over the cap is
+        refused whole, up front (RecordTooLarge), never stored in part."""
         if atomic or len(jobs) < 2:
+            return None
+        engine = self.engine
+        if engine is None or engine.options.record_bytes_max:
             return None
         return split_enqueue(jobs, self.core_config.limits.max_enqueue_batch)
 

@@ -9,6 +9,7 @@ import base64
 import errno
 from collections.abc import Callable
 
+from sepp.cluster.logengine import new_cluster_engine
 from sepp.core.commands import Enqueue, NewJob
 from sepp.core.decide import Decision
 from sepp.core.results import Accepted, EnqueueResult, InvalidArgument
@@ -295,3 +296,19 @@ async def test_another_clients_command_is_logged_between_two_parts():
             "big1",
             "big2",
         ]
+
+
+async def test_cluster_mode_stores_every_batch_whole():
+    # Its records are capped at one log message: a batch over it is refused whole,
+    # never stored in part (tests/cluster/test_node_engine.py).
+    async with in_process(in_process_config()) as server:
+        service = server.service
+        jobs = tuple(_new(str(i), BIG) for i in range(3))
+        assert service.enqueue_parts(jobs, False) is not None  # single node: in parts
+        assert service.enqueue_parts(jobs, True) is None
+        single = service.engine
+        service.engine = new_cluster_engine(single.state.config)  # type: ignore[union-attr]
+        try:
+            assert service.enqueue_parts(jobs, False) is None
+        finally:
+            service.engine = single
