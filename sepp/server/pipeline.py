@@ -169,8 +169,9 @@ class CommitPipeline:
 
     @property
     def accepting(self) -> bool:
-        """Whether commands executed now will be committed (False once stopping)."""
-        return self._committer is not None and self.failure is None
+        """False once `stop` (or `abandon`) began: a command executed now would
+        never be committed. (A storage failure is `execute`'s StorageFailed.)"""
+        return self._committer is not None
 
     def execute(
         self, command: Command, admitted: bool = False

@@ -1390,15 +1390,13 @@ class ClientConnection(asyncio.Protocol):
     ) -> None:
         if isinstance(error, ShuttingDown):
             self.error(request_id, perr.UNAVAILABLE, str(error), reason=perr.REASON_SHUTTING_DOWN)
-        elif error is not None and not isinstance(error, NotLeader):
+        elif error is not None:  # storage failed (cluster mode never stores in parts)
             self.error(
                 request_id,
                 perr.INTERNAL,
                 f"storage failed: {error}",
                 reason=perr.REASON_STORAGE_FAILED,
             )
-        elif error is not None:
-            self.send_after(error, b"", request_id)
         else:
             assert outcome is not None
             self._finish(request_id, outcome, 0, enqueue_body)
