@@ -452,10 +452,8 @@ async def enqueue(request: web.Request) -> web.Response:
         except ProtocolError as exc:
             parsed.append(exc)
     jobs = tuple(map(new_job, service.new_job_ids(len(parsed)), parsed))
-    parts = service.enqueue_parts(jobs, atomic)
-    if parts is not None:  # a large batch, stored part by part (sepp/server/parts.py)
-        return await answer(service, lambda: service.enqueue_in_parts_wait(parts), enqueue_body)
-    return await answer(service, lambda: service.enqueue(jobs, atomic), enqueue_body)
+    # A large best-effort batch is stored in parts (sepp/server/parts.py).
+    return await answer(service, lambda: service.enqueue_durable(jobs, atomic), enqueue_body)
 
 
 def _in_other_queue(

@@ -278,17 +278,8 @@ class QueueServiceFront:
     async def enqueue_batch(
         self, request: pb.EnqueueBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.EnqueueBatchResponse:
-        service = self.service
-        jobs = self._new_jobs(request)
-        parts = service.enqueue_parts(jobs, False)
-        if parts is not None:
-            # A large batch, stored part by part (sepp/server/parts.py).
-            decision = await service.enqueue_in_parts_wait(parts)
-        else:
-            decision, barrier = service.enqueue(jobs, False)
-            # Refusals too wait for the barrier: an answer never shows what is not
-            # yet durable (a NOT_FOUND for an ack of a job whose enqueue is not).
-            await service.durable(barrier)
+        # A large batch is stored in parts (sepp/server/parts.py).
+        decision = await self.service.enqueue_durable(self._new_jobs(request), False)
         reply = _decided(decision).reply
         assert isinstance(reply, EnqueueResult)
         return convert.enqueue_batch_response(reply)
@@ -296,9 +287,7 @@ class QueueServiceFront:
     async def enqueue_atomic(
         self, request: pb.EnqueueBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.EnqueueAtomicResponse:
-        service = self.service
-        decision, barrier = service.enqueue(self._new_jobs(request), True)
-        await service.durable(barrier)
+        decision = await self.service.enqueue_durable(self._new_jobs(request), True)
         reply = _decided(decision).reply
         return convert.enqueue_atomic_response(reply)  # type: ignore[arg-type]
 

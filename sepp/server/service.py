@@ -12,7 +12,9 @@ Owns:
   the side effects: wake parked reserves, re-arm the sweep timer, start a due
   snapshot), the operations built on it (`enqueue`, `reserve`, `ack`, `nack`,
   `extend`, `release`, `settle`, `drain_dead_letters`) and `after_durable` /
-  `durable` to answer only once a result's barrier is on disk;
+  `durable` to answer only once a result's barrier is on disk; a large best-effort
+  enqueue stored in parts (`enqueue_parts` / `enqueue_in_parts`, or
+  `enqueue_durable` for fronts that await; sepp/server/parts.py);
 - reads of the state: `health()`, `server_info()`, `queue_stats()`, answered
   after `read_barrier()` so a read never shows what is not yet durable;
 - long polls: a reserve that finds nothing is parked with a `ReserveSink` (never a
@@ -596,11 +598,20 @@ class SeppService:
             self._parted.discard(parted)
             raise
 
-    async def enqueue_in_parts_wait(
-        self, parts: list[tuple[NewJob, ...]]
+    async def enqueue_durable(
+        self, jobs: tuple[NewJob, ...], atomic: bool
     ) -> Decision | CommandError:
-        """`enqueue_in_parts` for fronts that await: the outcome once the last part is
-        durable; raises what ended it (ShuttingDown, StorageFailed, ...)."""
+        """`enqueue` for fronts that await: the outcome once it is durable, a large
+        best-effort batch stored in parts (`enqueue_parts`) like on the native
+        front. Raises what refused or ended it (ShuttingDown, Overloaded,
+        StorageFailed, ...)."""
+        parts = self.enqueue_parts(jobs, atomic)
+        if parts is None:
+            decision, barrier = self.enqueue(jobs, atomic)
+            # Refusals too wait for the barrier: an answer never shows what is not
+            # yet durable (a NOT_FOUND for an ack of a job whose enqueue is not).
+            await self.durable(barrier)
+            return decision
         future: asyncio.Future[Decision | CommandError] = asyncio.get_running_loop().create_future()
 
         def done(error: BaseException | None, outcome: Decision | CommandError | None) -> None:

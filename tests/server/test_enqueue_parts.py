@@ -312,3 +312,28 @@ async def test_cluster_mode_stores_every_batch_whole():
             assert service.enqueue_parts(jobs, False) is None
         finally:
             service.engine = single
+
+
+async def test_requests_held_behind_parts_are_answered_after_a_half_close():
+    # A half-close means no more requests, not no more answers: the request read
+    # after the batch (held while its parts are stored) is applied and answered
+    # before the server closes the connection.
+    async with in_process(in_process_config()) as server:
+        client = await connect(address_of(server))
+        big = [job("q", f"big{i}", payload=payload(bytes([i]) * BIG)) for i in range(3)]
+        batch = client.send("enqueue", {"jobs": big})
+        after = client.send("enqueue", {"jobs": [job("q", "after")]})
+        client.half_close()
+        await client.wait_closed()
+        assert client.responses[batch].status == "ok"
+        assert client.responses[after].status == "ok"
+        assert client.responses[after].body["results"][0]["deduplicated"] is False
+        assert (await _stats_of(server, "q")) == 4
+
+
+async def _stats_of(server: SeppServer, queue: str) -> int:
+    other = await connect(address_of(server))
+    try:
+        return int((await other.stats(queue))["ready"])
+    finally:
+        await other.close()
