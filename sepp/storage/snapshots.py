@@ -182,9 +182,10 @@ def write_snapshot_file(
                 # records do (wal.py `_drop_synced_cache`): only recovery reads it.
                 synced_from = time.monotonic()
                 fs.fdatasync(handle)
+                sync_took = time.monotonic() - synced_from
                 fs.drop_cache(handle, chunk_start, size - chunk_start)
                 if yield_disk:
-                    time.sleep(time.monotonic() - synced_from)
+                    time.sleep(sync_took)
         if buffer:
             fs.write(handle, buffer)
             size += len(buffer)
