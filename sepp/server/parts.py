@@ -39,6 +39,7 @@ Must not import: any front end, the wire translation, a transport library.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -101,6 +102,17 @@ class PartRunner(Protocol):
     def parts_ended(self, parted: EnqueueInParts) -> None: ...
 
 
+def _noted(error: BaseException, note: str) -> BaseException:
+    """A copy of `error` whose message ends with `note`. A copy: the pipeline fails
+    every waiter with one exception object, whose message the others keep."""
+    try:
+        noted = copy.copy(error)
+    except Exception:  # an exception type that cannot be rebuilt from its args
+        return error
+    noted.args = (f"{error} ({note})",)
+    return noted
+
+
 # done(error, outcome): error None and outcome the combined Decision (or a
 # CommandError), or error the exception that ended it.
 PartsDone = Callable[[BaseException | None, Decision | CommandError | None], None]
@@ -146,8 +158,7 @@ class EnqueueInParts:
     def _durable(self, error: BaseException | None, part: tuple[NewJob, ...]) -> None:
         if error is not None:
             # This part's record may or may not be on disk.
-            error.args = (f"{error} ({self._stored_note(unknown=len(part))})",)
-            self._finish(error, None)
+            self._finish(_noted(error, self._stored_note(unknown=len(part))), None)
             return
         self._stored.extend(job.job_id for job in part)
         self._index += 1
@@ -157,14 +168,12 @@ class EnqueueInParts:
             return
         stop = self._service.parts_may_continue()
         if stop is not None:
-            stop.args = (f"{stop} ({self._stored_note()})",)
-            self._finish(stop, None)
+            self._finish(_noted(stop, self._stored_note()), None)
             return
         try:
             self._run(admitted=True)
-        except Exception as exc:  # StorageFailed, NotLeader: the front maps them
-            exc.args = (f"{exc} ({self._stored_note()})",)
-            self._finish(exc, None)
+        except Exception as exc:  # StorageFailed: the front maps it
+            self._finish(_noted(exc, self._stored_note()), None)
 
     def _refused(self, error: BaseException | None, decision: CommandError) -> None:
         if error is None and self._stored:

@@ -16,6 +16,7 @@ from sepp.core.results import Accepted, EnqueueResult, InvalidArgument
 from sepp.server.parts import ENQUEUE_PART_BYTES, EnqueueInParts, job_bytes, split_enqueue
 from sepp.server.server import EXIT_STORAGE_FAILED, SeppServer
 from sepp.server.service import ShuttingDown
+from sepp.storage import StorageFailed
 from sepp.storage.faultfs import FaultyFileSystem
 from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import connect, job, payload
@@ -337,3 +338,20 @@ async def _stats_of(server: SeppServer, queue: str) -> int:
         return int((await other.stats(queue))["ready"])
     finally:
         await other.close()
+
+
+def test_a_storage_failure_is_reported_with_a_note_on_a_copy_of_the_shared_error():
+    # The pipeline fails every waiter with one exception: the note stays on this
+    # batch's copy.
+    service = FakeService(["ok", "ok"])
+    done = _run(service, _parts(1, 1))
+    service.durable()
+    shared = StorageFailed("disk gone")
+    service.durable(shared)
+    ((error, outcome),) = done
+    assert isinstance(error, StorageFailed) and outcome is None
+    assert str(error) == (
+        "disk gone (the batch's first 1 of 2 jobs were stored (0.0);"
+        " the outcome of the next 1 is unknown)"
+    )
+    assert str(shared) == "disk gone"
