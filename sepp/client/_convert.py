@@ -258,11 +258,12 @@ _DATETIME_MS_MAX = (datetime.max.replace(tzinfo=UTC) - EPOCH) // ONE_MS
 
 
 def job_from_wire(
-    raw: Any, make_lease: Callable[[str, int, datetime, int], Lease | None] | None = None
+    raw: Any, make_lease: Callable[[str, int, int, int], Lease | None] | None = None
 ) -> Job:
     """A delivered job map of a reserve answer (PROTOCOL.md §5.2). `make_lease`
-    gets the job's id, attempt, lease deadline and enqueued_at_ms (the fencing
-    token its ack / nack / extend carry, PROTOCOL.md §5.3)."""
+    gets the job's id, attempt, lease deadline (ms since the epoch) and
+    enqueued_at_ms (the fencing token its ack / nack / extend carry, PROTOCOL.md
+    §5.3)."""
     if type(raw) is dict:
         # The usual job, every field as a server sends it, read in one pass; any
         # doubt goes to the field-by-field reading below, which names the field.
@@ -312,13 +313,13 @@ def job_from_wire(
                 attempt,
                 max_attempts,
                 EPOCH + timedelta(0, 0, 0, enqueued_ms),
-                _custom(raw),
+                {} if get("custom") is None else _custom(raw),
                 None if get("trace_context") is None else _trace(raw),
                 lease_expires_at,
                 None,
             )
             if make_lease is not None:
-                ctx._lease = make_lease(job_id, attempt, lease_expires_at, enqueued_ms)
+                ctx._lease = make_lease(job_id, attempt, lease_ms, enqueued_ms)
             return Job(None if payload is None else _checked_payload(pdata, pencoding), ctx)
     if not isinstance(raw, dict):
         raise JobConversionError("a job must be a map")
@@ -343,7 +344,9 @@ def job_from_wire(
         scheduled_at=_scheduled_at(raw, enqueued_at),
     )
     if make_lease is not None:
-        ctx._lease = make_lease(job_id, attempt, lease_expires_at, datetime_to_ms(enqueued_at))
+        ctx._lease = make_lease(
+            job_id, attempt, datetime_to_ms(lease_expires_at), datetime_to_ms(enqueued_at)
+        )
     return Job(payload=_payload(raw), ctx=ctx)
 
 

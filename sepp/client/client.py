@@ -233,7 +233,7 @@ class Lease:
         client: SeppClient,
         job_id: str,
         attempt: int,
-        lease_expires_at: datetime,
+        lease_expires_at_ms: int,
         worker_id: str | None,
         enqueued_at_ms: int,
     ) -> None:
@@ -242,7 +242,7 @@ class Lease:
         self._attempt = attempt
         self._worker_id = worker_id
         self._enqueued_at_ms = enqueued_at_ms
-        self._known_expiry_ms = _convert.datetime_to_ms(lease_expires_at)
+        self._known_expiry_ms = lease_expires_at_ms
 
     @property
     def enqueued_at_ms(self) -> int:
@@ -1106,7 +1106,7 @@ class SeppClient:
         deduplicated = raw.get("deduplicated", False)
         if not isinstance(job_id, str) or not isinstance(deduplicated, bool):
             raise MalformedResponseError("an enqueue result needs job_id and deduplicated")
-        return EnqueueAck(job_id=job_id, deduplicated=deduplicated)
+        return EnqueueAck(job_id, deduplicated)
 
     @staticmethod
     def _results(answer: dict[str, Any], expected: int) -> list[Any]:
@@ -1159,7 +1159,17 @@ class SeppClient:
             size = ENQUEUE_ITEM_BYTES_MIN + (0 if payload is None else len(payload.data))
             if connection.congested:
                 await connection.wait_writable(self._rpc_timeout)
-            raw = await self._coalesced(OP_ENQUEUE, wire, job.idempotency_key is not None, size)
+            # `_coalesced` inlined, and the usual result read here: ~2 µs a call.
+            future: asyncio.Future[dict[str, Any]] = self._loop_of_calls().create_future()
+            self._coalescer(False).submit(
+                Call(OP_ENQUEUE, wire, job.idempotency_key is not None, size, future)
+            )
+            raw = await future
+        if type(raw) is dict and "rejection" not in raw:
+            job_id = raw.get("job_id")
+            deduplicated = raw.get("deduplicated", False)
+            if type(job_id) is str and type(deduplicated) is bool:
+                return EnqueueAck(job_id, deduplicated)
         return self._enqueue_answer(raw)
 
     @classmethod
@@ -1182,7 +1192,9 @@ class SeppClient:
         payload = job.payload
         size = ENQUEUE_ITEM_BYTES_MIN + (0 if payload is None else len(payload.data))
         wire = _convert.enqueue_job_to_wire(job)
-        self._submit(OP_ENQUEUE, wire, job.idempotency_key is not None, size, outcome)
+        self._coalescer(False).submit(
+            Call(OP_ENQUEUE, wire, job.idempotency_key is not None, size, outcome)
+        )
         return True
 
     def _settle_nowait(self, op: str, body: dict[str, Any], outcome: Outcome) -> bool:
@@ -1192,7 +1204,7 @@ class SeppClient:
         connection = self._coalescing(settle=True)
         if connection is None or connection.congested or _otel.api() is not None:
             return False
-        self._submit(op, body, True, SETTLE_ITEM_BYTES_MIN, outcome)
+        self._coalescer(True).submit(Call(op, body, True, SETTLE_ITEM_BYTES_MIN, outcome))
         return True
 
     def _flush_coalesced(self) -> None:
@@ -1201,11 +1213,6 @@ class SeppClient:
         for coalescer in (self._enqueues, self._settles):
             if coalescer is not None and len(coalescer):
                 coalescer.flush()
-
-    def _submit(
-        self, op: str, wire: dict[str, Any], retry_safe: bool, size: int, outcome: Outcome
-    ) -> None:
-        self._coalescer(op != OP_ENQUEUE).submit(Call(op, wire, retry_safe, size, outcome))
 
     async def enqueue_atomic(self, jobs: Iterable[EnqueueRequest]) -> list[EnqueueAck]:
         """Enqueue jobs all-or-nothing.
@@ -1324,8 +1331,8 @@ class SeppClient:
         if not isinstance(raw_jobs, list):
             raise MalformedResponseError("a reserve answer needs a 'jobs' array")
 
-        def make_lease(job_id: str, attempt: int, expires_at: datetime, enqueued_ms: int) -> Lease:
-            return Lease(self, job_id, attempt, expires_at, opts.worker_id, enqueued_ms)
+        def make_lease(job_id: str, attempt: int, expires_ms: int, enqueued_ms: int) -> Lease:
+            return Lease(self, job_id, attempt, expires_ms, opts.worker_id, enqueued_ms)
 
         jobs: list[Job] = []
         undecodable: list[UndecodableJob] = []

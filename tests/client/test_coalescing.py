@@ -25,6 +25,7 @@ from sepp.client import (
     InvalidRequest,
     JobNotFoundError,
     JobRejectedError,
+    MalformedResponseError,
     MessageTooLargeError,
     Payload,
     ReserveOptions,
@@ -167,6 +168,48 @@ async def test_a_rejected_job_raises_for_its_own_caller_only(fake: FakeServer) -
             assert isinstance(failure, JobRejectedError)
             assert isinstance(failure.rejection, InvalidRequest)
             assert f"bad {index}" in str(failure.rejection)
+        await client.close()
+
+
+async def test_each_callers_result_map_is_read_alone_and_a_malformed_one_fails_only_its_caller(
+    fake: FakeServer,
+) -> None:
+    # One coalesced frame, one answer; every result map is checked on its own.
+    shapes: list[Any] = [
+        {"job_id": "id-0", "deduplicated": False},
+        {"job_id": "id-1", "deduplicated": True},
+        {"job_id": "id-2"},  # `deduplicated` left out: not a repeat
+        {"job_id": 3, "deduplicated": False},
+        {"job_id": "id-4", "deduplicated": "no"},
+        {"deduplicated": False},
+        "id-6",
+        None,
+        {"rejection": {"reason": "invalid_request", "message": "bad 8"}},
+    ]
+
+    def answer(conn: FakeConnection, request: Request) -> Any:
+        assert len(request.body["jobs"]) == len(shapes)
+        return "ok", {"results": shapes}
+
+    async with fake:
+        fake.hello_extra = dict(LIMITS)
+        fake.on("enqueue", answer)
+        client = await SeppClient.connect(fake.address)
+        outcomes = await asyncio.gather(
+            *(client.enqueue(EnqueueRequest("q", f"t{i}")) for i in range(len(shapes))),
+            return_exceptions=True,
+        )
+        assert len(fake.ops("enqueue")) == 1
+        assert outcomes[:3] == [
+            EnqueueAck("id-0", False),
+            EnqueueAck("id-1", True),
+            EnqueueAck("id-2", False),
+        ]
+        for index in range(3, 8):
+            assert isinstance(outcomes[index], MalformedResponseError), (index, outcomes[index])
+        rejected = outcomes[8]
+        assert isinstance(rejected, JobRejectedError)
+        assert isinstance(rejected.rejection, InvalidRequest)
         await client.close()
 
 
