@@ -68,6 +68,26 @@ def job_bytes(job: NewJob) -> int:
     return size
 
 
+def batch_bytes(jobs: tuple[NewJob, ...]) -> int:
+    """The sum of `job_bytes` over `jobs`, in one loop (every batch enqueue pays it:
+    a third of the cost of summing `job_bytes` calls)."""
+    total = JOB_RECORD_OVERHEAD * len(jobs)
+    for job in jobs:
+        data = job.payload_data
+        if data is not None:
+            total += len(data)
+        text = job.traceparent
+        if text is not None:
+            total += len(text)
+        text = job.tracestate
+        if text is not None:
+            total += len(text)
+        text = job.idempotency_key
+        if text is not None:
+            total += len(text)
+    return total
+
+
 def split_enqueue(
     jobs: tuple[NewJob, ...], max_batch: int, part_bytes: int = ENQUEUE_PART_BYTES
 ) -> list[tuple[NewJob, ...]] | None:
@@ -76,9 +96,9 @@ def split_enqueue(
     request whole), or every job within `part_bytes` together."""
     if len(jobs) < 2 or len(jobs) > max_batch or part_bytes <= 0:
         return None
+    if batch_bytes(jobs) <= part_bytes:
+        return None  # every enqueue but the large ones
     sizes = [job_bytes(job) for job in jobs]
-    if sum(sizes) <= part_bytes:
-        return None
     parts: list[tuple[NewJob, ...]] = []
     start = total = 0
     for index, size in enumerate(sizes):

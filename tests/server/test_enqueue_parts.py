@@ -7,13 +7,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno
+import random
 from collections.abc import Callable
 
 from sepp.cluster.logengine import new_cluster_engine
 from sepp.core.commands import Enqueue, NewJob
 from sepp.core.decide import Decision
 from sepp.core.results import Accepted, EnqueueResult, InvalidArgument
-from sepp.server.parts import ENQUEUE_PART_BYTES, EnqueueInParts, job_bytes, split_enqueue
+from sepp.server.parts import (
+    ENQUEUE_PART_BYTES,
+    EnqueueInParts,
+    batch_bytes,
+    job_bytes,
+    split_enqueue,
+)
 from sepp.server.server import EXIT_STORAGE_FAILED, SeppServer
 from sepp.server.service import ShuttingDown
 from sepp.storage import StorageFailed
@@ -53,6 +60,28 @@ def test_parts_hold_at_most_the_part_size_unless_one_job_is_larger():
         assert len(part) == 1 or sum(map(job_bytes, part)) <= ENQUEUE_PART_BYTES
     # Trace context and idempotency keys count too.
     assert job_bytes(_new("k", 10, idempotency_key="k" * 50)) == job_bytes(_new("k", 60))
+
+
+def test_the_batch_total_is_the_sum_of_its_jobs_sizes(rng: random.Random) -> None:
+    # `batch_bytes` is the one-loop sum every batch enqueue pays; `job_bytes`
+    # the per-job size the parts are cut by: they must agree, field by field.
+    def text() -> str | None:
+        return rng.choice([None, "", "é" * rng.randrange(1, 40), "k" * rng.randrange(1, 300)])
+
+    for _ in range(500):
+        jobs = tuple(
+            NewJob(
+                job_id=str(i),
+                queue="q",
+                job_type="t",
+                payload_data=rng.choice([None, b"x" * rng.randrange(0, 5000)]),
+                traceparent=text(),
+                tracestate=text(),
+                idempotency_key=text(),
+            )
+            for i in range(rng.randrange(1, 20))
+        )
+        assert batch_bytes(jobs) == sum(map(job_bytes, jobs)), jobs
 
 
 def _records(server: SeppServer) -> int:
