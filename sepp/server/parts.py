@@ -59,32 +59,20 @@ def job_bytes(job: NewJob) -> int:
     """About what `job` adds to an enqueue record: its payload, trace context and
     idempotency key, and a fixed overhead (its custom map is bounded by
     max_custom_bytes and not counted)."""
-    size = JOB_RECORD_OVERHEAD
-    if job.payload_data is not None:
-        size += len(job.payload_data)
-    for text in (job.traceparent, job.tracestate, job.idempotency_key):
-        if text is not None:
-            size += len(text)
-    return size
+    return batch_bytes((job,))
 
 
 def batch_bytes(jobs: tuple[NewJob, ...]) -> int:
-    """The sum of `job_bytes` over `jobs`, in one loop (every batch enqueue pays it:
-    a third of the cost of summing `job_bytes` calls)."""
+    """The sum of `job_bytes` over `jobs`, in one loop (every batch enqueue pays it,
+    so no call per job)."""
     total = JOB_RECORD_OVERHEAD * len(jobs)
     for job in jobs:
-        data = job.payload_data
-        if data is not None:
-            total += len(data)
-        text = job.traceparent
-        if text is not None:
-            total += len(text)
-        text = job.tracestate
-        if text is not None:
-            total += len(text)
-        text = job.idempotency_key
-        if text is not None:
-            total += len(text)
+        total += (
+            len(job.payload_data or b"")
+            + len(job.traceparent or "")
+            + len(job.tracestate or "")
+            + len(job.idempotency_key or "")
+        )
     return total
 
 
