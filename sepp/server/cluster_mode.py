@@ -182,6 +182,7 @@ class ClusterMode:
             backlog_max=server.config.get("storage", "command_queue_capacity"),
             clock=server.clock,
             on_failure=self._lost,
+            release_cork=server.release_cork,
         )
         pipeline.start_replicated(committer)
         server.engine, server.pipeline = engine, pipeline

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from sepp.core.commands import Command
 from sepp.core.decide import Decision
@@ -41,6 +41,43 @@ from sepp.storage.wal import PERSIST_BUFFER, PERSIST_SYNC_DATA
 
 class Overloaded(RuntimeError):
     """Too many commands are waiting for the disk: retry later (resource_exhausted)."""
+
+
+class Corked(Protocol):
+    def uncork(self) -> None: ...
+
+
+class ReleaseCork:
+    """Holds the answers one durable release sends, so that each connection's
+    leave in one write. A group commit often ends several requests of one
+    connection (a client keeps a few batches in flight); each answer was its own
+    write, a syscall that wakes the client once more. While `active` (inside
+    `CommitPipeline._release` and `_fail`) a connection keeps its answers and
+    registers with `hold`; `end` has every held connection write what it kept,
+    in the order they were answered."""
+
+    __slots__ = ("_depth", "_held")
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._held: list[Corked] = []
+
+    @property
+    def active(self) -> bool:
+        return self._depth > 0
+
+    def hold(self, corked: Corked) -> None:
+        self._held.append(corked)
+
+    def begin(self) -> None:
+        self._depth += 1
+
+    def end(self) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._held:
+            held, self._held = self._held, []
+            for corked in held:
+                corked.uncork()
 
 
 # storage.sync_method: who syncs the log after each group commit's write.
@@ -72,9 +109,12 @@ class CommitPipeline:
         backlog_max: int = 4096,
         clock: Callable[[], int] = wall_clock_ms,
         on_failure: Callable[[BaseException], None] | None = None,
+        release_cork: ReleaseCork | None = None,
     ) -> None:
         self.engine = engine
         self.backlog_max = backlog_max
+        # The answers a release sends leave in one write per connection.
+        self.release_cork = release_cork or ReleaseCork()
         self._clock = clock
         self._last_now = engine.state.clock_ms
         # (barrier, callback, args): callback(None, *args) once durable,
@@ -263,20 +303,30 @@ class CommitPipeline:
                 # their commit starts now.
                 started = now
         waiters = self._waiters
-        while waiters and waiters[0][0] <= seq:
-            _, callback, args = waiters.popleft()
-            callback(None, *args)
-        self._commit_started = started if waiters else None
-        for callback in self._durable_callbacks:
-            callback(seq)
+        cork = self.release_cork
+        cork.begin()
+        try:
+            while waiters and waiters[0][0] <= seq:
+                _, callback, args = waiters.popleft()
+                callback(None, *args)
+            self._commit_started = started if waiters else None
+            for durable_callback in self._durable_callbacks:
+                durable_callback(seq)
+        finally:
+            cork.end()
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:
             self.failure = exc
         error = exc if isinstance(exc, StorageFailed) else StorageFailed(str(exc))
-        while self._waiters:
-            _, callback, args = self._waiters.popleft()
-            callback(error, *args)
+        cork = self.release_cork
+        cork.begin()
+        try:
+            while self._waiters:
+                _, callback, args = self._waiters.popleft()
+                callback(error, *args)
+        finally:
+            cork.end()
         if self._on_failure is not None:
             self._on_failure(exc)
 

@@ -78,6 +78,7 @@ from sepp.server.metrics import REQUEST_TIMED_MASK, RequestMetrics
 from sepp.server.pipeline import (
     CommitPipeline,
     Overloaded,
+    ReleaseCork,
     resolve_sync_method,
     wall_clock_ms,
 )
@@ -190,6 +191,9 @@ class SeppServer:
         self.service = SeppService(config, clock=clock)
         self.engine: Engine | None = None
         self.pipeline: CommitPipeline | None = None
+        # Shared by every pipeline this server runs (a cluster node builds one each
+        # time it leads) and read by every connection (send_frame).
+        self.release_cork = ReleaseCork()
         self.sync_method = "thread"  # resolved in start()
         self.connections: set[ClientConnection] = set()
         self.address: tuple[str, int] | None = None
@@ -433,6 +437,7 @@ class SeppServer:
             backlog_max=self.config.get("storage", "command_queue_capacity"),
             clock=self.clock,
             on_failure=self._storage_failed,
+            release_cork=self.release_cork,
         )
         self.pipeline.start(self.sync_method)
         # Ready before the listener: a connection may arrive while it starts.
@@ -703,6 +708,10 @@ class ClientConnection(asyncio.Protocol):
         self.api_key: str | None = None
         self.closed = False
         self.in_flight = 0
+        # Answers kept during a durable release (send_frame), and how many.
+        self._cork = server.release_cork
+        self._corked: list[bytes] | None = None
+        self._corked_answers = 0
         # Reserves of this connection parked in the service, until answered.
         self.parked: set[NativeReserveSink] = set()
         self._handshake_timer: asyncio.TimerHandle | None = None
@@ -1068,8 +1077,31 @@ class ClientConnection(asyncio.Protocol):
     # -- output --------------------------------------------------------------------------
 
     def send_frame(self, frame: bytes | list[bytes]) -> None:
-        """Write one answer: a frame, or a frame as parts (`_ok_frame`)."""
-        self.in_flight -= 1
+        """Write one answer: a frame, or a frame as parts (`_ok_frame`). Inside a
+        durable release (`ReleaseCork`) the answer is kept, and written with the
+        others that release sends this connection when it ends (`uncork`)."""
+        cork = self._cork
+        if cork.active and not self.closed:
+            corked = self._corked
+            if corked is None:
+                corked = self._corked = []
+                cork.hold(self)
+            if isinstance(frame, list):
+                corked.extend(frame)
+            else:
+                corked.append(frame)
+            self._corked_answers += 1
+            return
+        self._write(frame, 1)
+
+    def uncork(self) -> None:
+        frames, self._corked = self._corked, None
+        answers, self._corked_answers = self._corked_answers, 0
+        if frames is not None:
+            self._write(frames[0] if len(frames) == 1 else frames, answers)
+
+    def _write(self, frame: bytes | list[bytes], answers: int) -> None:
+        self.in_flight -= answers
         transport = self.transport
         if self.closed or transport is None:
             return
