@@ -53,16 +53,24 @@ def self_signed_certificate(cert: Path, key: Path) -> tuple[Path, Path]:
 
 class RecordedWrites:
     """Stands in for an asyncio transport: passes everything through and keeps
-    the bytes of each `write` call, in order, to show how answers or requests
-    were grouped into system calls."""
+    the bytes of each `write` or `writelines` call, in order, to show how answers
+    or requests were grouped into system calls (`lines`: the parts each
+    `writelines` call was given, the objects themselves)."""
 
     def __init__(self, transport: Any) -> None:
         self._transport = transport
         self.writes: list[bytes] = []
+        self.lines: list[list[bytes]] = []
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
         self._transport.write(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        parts = list(parts)
+        self.lines.append(parts)
+        self.writes.append(b"".join(parts))
+        self._transport.writelines(parts)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -75,6 +83,14 @@ class RecordedWrites:
             grouped.append(reader.feed(data))
             assert not reader.buffered, "a write ended inside a frame"
         return grouped
+
+
+def record_server_writes(server: Any) -> RecordedWrites:
+    """Put a `RecordedWrites` between an in-process server and its one client."""
+    (conn,) = server.connections
+    recorded = RecordedWrites(conn.transport)
+    conn.transport = recorded
+    return recorded
 
 
 def record_client_writes(client: Any) -> RecordedWrites:

@@ -28,7 +28,7 @@ from sepp.storage.faultfs import FaultyFileSystem
 from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import connect, job, payload
 from tests.server.test_admin_api import admin_api
-from tests.server.test_in_process import HeldSync
+from tests.server.test_in_process import held_sync_server
 
 # Three of these make a batch over ENQUEUE_PART_BYTES; two do not fit one part.
 BIG = 700 * 1024
@@ -291,30 +291,26 @@ def test_a_stop_between_parts_ends_it_with_shutting_down_and_what_was_stored():
 
 
 async def test_another_clients_command_is_logged_between_two_parts():
-    fs = FaultyFileSystem()
-    held = HeldSync()
-    fs.hook = held
-    async with in_process(in_process_config(storage__persist_mode="sync_data"), fs) as server:
-        try:
-            client = await connect(address_of(server))
-            other = await connect(address_of(server))
-            held.armed = True
-            big = [job("q", f"big{i}", payload=payload(bytes([i]) * BIG)) for i in range(3)]
-            batch = client.send("enqueue", {"jobs": big})
-            after = client.send("enqueue", {"jobs": [job("q", "after")]})
-            await asyncio.to_thread(held.entered.wait, 30)
-            assert held.entered.is_set()
-            # The first part's sync is held. The other client's enqueue is applied
-            # now, behind the first part only (health answers without a sync, after
-            # the enqueue sent before it on that connection).
-            between = other.send("enqueue", {"jobs": [job("q", "between")]})
-            assert await other.ok("health") == {"status": "serving"}
-            jobs = server.service.engine.state.jobs  # type: ignore[union-attr]
-            assert sorted(j.job_type for j in jobs.values()) == ["between", "big0"]
-            assert not {batch, after} & set(client.responses)  # nothing answered early
-            assert between not in other.responses
-        finally:
-            held.release.set()
+    config = in_process_config(storage__persist_mode="sync_data")
+    async with held_sync_server(config) as (server, held):
+        client = await connect(address_of(server))
+        other = await connect(address_of(server))
+        held.armed = True
+        big = [job("q", f"big{i}", payload=payload(bytes([i]) * BIG)) for i in range(3)]
+        batch = client.send("enqueue", {"jobs": big})
+        after = client.send("enqueue", {"jobs": [job("q", "after")]})
+        await asyncio.to_thread(held.entered.wait, 30)
+        assert held.entered.is_set()
+        # The first part's sync is held. The other client's enqueue is applied
+        # now, behind the first part only (health answers without a sync, after
+        # the enqueue sent before it on that connection).
+        between = other.send("enqueue", {"jobs": [job("q", "between")]})
+        assert await other.ok("health") == {"status": "serving"}
+        jobs = server.service.engine.state.jobs  # type: ignore[union-attr]
+        assert sorted(j.job_type for j in jobs.values()) == ["between", "big0"]
+        assert not {batch, after} & set(client.responses)  # nothing answered early
+        assert between not in other.responses
+        held.release.set()
         answers = [await client.response(batch), await client.response(after)]
         assert all(a.status == "ok" for a in answers), answers
         assert (await other.response(between)).status == "ok"

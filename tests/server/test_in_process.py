@@ -7,15 +7,18 @@ inside a sync, and how one connection cuts a read into frames.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import struct
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from sepp.protocol import messages as pm
 from sepp.protocol.framing import FRAME_BYTES_CEILING, FrameReader, encode_frame
+from sepp.server.config import ServerConfig
 from sepp.server.server import EXIT_STORAGE_FAILED, ClientConnection, SeppServer
 from sepp.storage.faultfs import FaultyFileSystem
 from tests.inprocess import DATA_DIR, address_of, in_process, in_process_config
@@ -116,6 +119,20 @@ class HeldSync:
         if op == "fdatasync" and self.armed and not self.release.is_set():
             self.entered.set()
             self.release.wait(60)
+
+
+@contextlib.asynccontextmanager
+async def held_sync_server(config: ServerConfig) -> AsyncIterator[tuple[SeppServer, HeldSync]]:
+    """An in-process server whose flusher a test can hold inside fdatasync (arm
+    the `HeldSync`); released when the test is done with it, at the latest."""
+    fs = FaultyFileSystem()
+    held = HeldSync()
+    fs.hook = held
+    async with in_process(config, fs) as server:
+        try:
+            yield server, held
+        finally:
+            held.release.set()
 
 
 async def test_a_full_commit_backlog_refuses_commands_with_overloaded_then_answers_the_rest():

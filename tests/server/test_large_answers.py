@@ -5,38 +5,13 @@ three times on the event loop, holding every other client for 50-60 ms)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sepp.protocol import messages as pm
-from sepp.server.server import ClientConnection, SeppServer
+from sepp.server.server import SeppServer
 from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import connect, job, payload
+from tests.support import RecordedWrites, record_server_writes
 
 LARGE = pm.SPLICE_BYTES_MIN
-
-
-class LinesRecorder:
-    """Stands in for the server's transport of one connection: passes everything
-    through and keeps what each `writelines` call was given."""
-
-    def __init__(self, transport: Any) -> None:
-        self._transport = transport
-        self.lines: list[list[bytes]] = []
-
-    def writelines(self, parts: list[bytes]) -> None:
-        self.lines.append(list(parts))
-        self._transport.writelines(parts)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def _record(server: SeppServer) -> LinesRecorder:
-    (conn,) = server.connections
-    assert isinstance(conn, ClientConnection)
-    recorder = LinesRecorder(conn.transport)
-    conn.transport = recorder  # type: ignore[assignment]
-    return recorder
 
 
 def _held(server: SeppServer, job_ids: list[str]) -> list[bytes]:
@@ -44,7 +19,7 @@ def _held(server: SeppServer, job_ids: list[str]) -> list[bytes]:
     return [jobs[job_id].payload_data for job_id in job_ids]  # type: ignore[misc]
 
 
-def _sent_uncopied(recorder: LinesRecorder, held: list[bytes]) -> bool:
+def _sent_uncopied(recorder: RecordedWrites, held: list[bytes]) -> bool:
     parts = [part for call in recorder.lines for part in call]
     return all(any(part is data for part in parts) for data in held)
 
@@ -56,7 +31,7 @@ async def test_a_reserve_answer_sends_the_large_payloads_it_holds_uncopied() -> 
         ids = await client.enqueue_ids(*(job("big", payload=payload(d)) for d in datas))
         small = await client.enqueue_ids(job("big", payload=payload(b"small")))
         held = _held(server, ids)
-        recorder = _record(server)
+        recorder = record_server_writes(server)
         delivered = await client.reserve(["big"], max_jobs=4)
         assert [d["payload"]["data"] for d in delivered] == [*datas, b"small"]
         assert [d["id"] for d in delivered] == ids + small
@@ -79,7 +54,7 @@ async def test_a_drain_answer_sends_the_large_payloads_it_holds_uncopied() -> No
             await client.ok("nack", body)
         dead = server.service.engine.state.dead
         held = [dead[job_id].job.payload_data for job_id in ids]
-        recorder = _record(server)
+        recorder = record_server_writes(server)
         answer = await client.ok("drain_dead_letters", {"queue": "dlq", "max": 10})
         assert [r["job"]["payload"]["data"] for r in answer["records"]] == datas
         assert len(recorder.lines) == 1 and _sent_uncopied(recorder, held)  # type: ignore[arg-type]

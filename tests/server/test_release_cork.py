@@ -4,75 +4,38 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from sepp.protocol import messages as pm
-from sepp.protocol.framing import FrameReader
 from sepp.server.pipeline import ReleaseCork
-from sepp.server.server import ClientConnection, SeppServer
-from sepp.storage.faultfs import FaultyFileSystem
-from tests.inprocess import address_of, in_process, in_process_config
+from tests.inprocess import address_of, in_process_config
 from tests.server.conftest import connect, job
-from tests.server.test_in_process import HeldSync
+from tests.server.test_in_process import held_sync_server
+from tests.support import RecordedWrites, record_server_writes
 
 
-class WriteRecorder:
-    """Stands in for one connection's transport: passes everything through and
-    keeps, per write call, the bytes it was given."""
-
-    def __init__(self, transport: Any) -> None:
-        self._transport = transport
-        self.calls: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.calls.append(bytes(data))
-        self._transport.write(data)
-
-    def writelines(self, parts: list[bytes]) -> None:
-        self.calls.append(b"".join(parts))
-        self._transport.writelines(parts)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def _record(server: SeppServer) -> WriteRecorder:
-    (conn,) = server.connections
-    assert isinstance(conn, ClientConnection)
-    recorder = WriteRecorder(conn.transport)
-    conn.transport = recorder  # type: ignore[assignment]
-    return recorder
-
-
-def _answer_ids(data: bytes) -> list[int]:
-    reader = FrameReader(1 << 20)
-    return [pm.decode_response(frame).id for frame in reader.feed(data)]
+def _answer_ids(recorded: RecordedWrites) -> list[list[int]]:
+    return [[pm.decode_response(frame).id for frame in call] for call in recorded.frames()]
 
 
 async def test_the_answers_of_one_group_commit_leave_a_connection_in_one_write() -> None:
-    fs = FaultyFileSystem()
-    held = HeldSync()
-    fs.hook = held
-    async with in_process(in_process_config(storage__persist_mode="sync_data"), fs) as server:
-        try:
-            client = await connect(address_of(server))
-            held.armed = True
-            first = client.send("enqueue", {"jobs": [job("q", "first")]})
-            await asyncio.to_thread(held.entered.wait, 30)
-            assert held.entered.is_set()
-            # The first record's sync is held: these two are applied now and wait
-            # for the next group commit together (health answers without a sync,
-            # after both).
-            second = client.send("enqueue", {"jobs": [job("q", "second")]})
-            third = client.send("enqueue", {"jobs": [job("q", "third")]})
-            assert await client.ok("health") == {"status": "serving"}
-            recorder = _record(server)
-        finally:
-            held.release.set()
+    config = in_process_config(storage__persist_mode="sync_data")
+    async with held_sync_server(config) as (server, held):
+        client = await connect(address_of(server))
+        held.armed = True
+        first = client.send("enqueue", {"jobs": [job("q", "first")]})
+        await asyncio.to_thread(held.entered.wait, 30)
+        assert held.entered.is_set()
+        # The first record's sync is held: these two are applied now and wait for
+        # the next group commit together (health answers without a sync, after both).
+        second = client.send("enqueue", {"jobs": [job("q", "second")]})
+        third = client.send("enqueue", {"jobs": [job("q", "third")]})
+        assert await client.ok("health") == {"status": "serving"}
+        recorded = record_server_writes(server)
+        held.release.set()
         for request_id in (first, second, third):
             assert (await client.response(request_id)).status == "ok"
         # One write for the first commit's answer, one for the next commit's two.
-        assert [_answer_ids(call) for call in recorder.calls] == [[first], [second, third]]
+        assert _answer_ids(recorded) == [[first], [second, third]]
         await client.close()
 
 
