@@ -48,13 +48,13 @@ class Corked(Protocol):
 
 
 class ReleaseCork:
-    """Holds the answers one durable release sends, so that each connection's
-    leave in one write. A group commit often ends several requests of one
-    connection (a client keeps a few batches in flight); each answer was its own
-    write, a syscall that wakes the client once more. While `active` (inside
-    `CommitPipeline._release` and `_fail`) a connection keeps its answers and
-    registers with `hold`; `end` has every held connection write what it kept,
-    in the order they were answered."""
+    """Holds the answers one durable release sends, so that a connection's leave
+    together. A group commit often ends several requests of one connection (a
+    client keeps a few batches in flight); each answer was its own write, a
+    syscall that wakes the client once more. While `active` (inside
+    `CommitPipeline._release` and `_fail`) a connection keeps its answers (up to
+    server.CORKED_ANSWERS_MAX, then it writes them) and registers with `hold`;
+    `end` has every held connection write what it kept, in the order answered."""
 
     __slots__ = ("_depth", "_held")
 

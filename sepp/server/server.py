@@ -687,6 +687,16 @@ class SeppServer:
         self._releasing = self._loop.run_in_executor(None, gcpolicy.release_free_memory)
 
 
+# A durable release writes a connection's answers in twos (ReleaseCork): half the
+# writes, and the client's wake-ups, of one write per answer. Not all of them at
+# once: a Worker with max_jobs=1 has ~50 single-job reserves answered per release,
+# and one write of all of them made the client and the server take turns (no
+# overlap): 6-7k jobs/s against 10-13k. bench_client's worker / worker_mj1 phases,
+# interleaved, medians: 1 (no cork) 20.3k / 10.4k, 2 25.5k / 12.1k, 4 22.3k / 10.3k
+# jobs/s (benchmarks/README.md, "Clients: fewer calls per enqueue").
+CORKED_ANSWERS_MAX = 2
+
+
 class ClientConnection(asyncio.Protocol):
     """One client: frames in, responses out."""
 
@@ -1091,6 +1101,8 @@ class ClientConnection(asyncio.Protocol):
             else:
                 corked.append(frame)
             self._corked_answers += 1
+            if self._corked_answers >= CORKED_ANSWERS_MAX:
+                self.uncork()
             return
         self._write(frame, 1)
 

@@ -1,5 +1,5 @@
-"""The answers one durable release sends a connection leave in one write
-(`ReleaseCork`, sepp/server/pipeline.py)."""
+"""The answers one durable release sends a connection leave together, two per
+write (`ReleaseCork`, sepp/server/pipeline.py; `CORKED_ANSWERS_MAX`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 
 from sepp.protocol import messages as pm
 from sepp.server.pipeline import ReleaseCork
+from sepp.server.server import CORKED_ANSWERS_MAX
 from tests.inprocess import address_of, in_process_config
 from tests.server.conftest import connect, job
 from tests.server.test_in_process import held_sync_server
@@ -17,7 +18,7 @@ def _answer_ids(recorded: RecordedWrites) -> list[list[int]]:
     return [[pm.decode_response(frame).id for frame in call] for call in recorded.frames()]
 
 
-async def test_the_answers_of_one_group_commit_leave_a_connection_in_one_write() -> None:
+async def test_the_answers_of_one_group_commit_leave_a_connection_in_writes_of_two() -> None:
     config = in_process_config(storage__persist_mode="sync_data")
     async with held_sync_server(config) as (server, held):
         client = await connect(address_of(server))
@@ -25,17 +26,18 @@ async def test_the_answers_of_one_group_commit_leave_a_connection_in_one_write()
         first = client.send("enqueue", {"jobs": [job("q", "first")]})
         await asyncio.to_thread(held.entered.wait, 30)
         assert held.entered.is_set()
-        # The first record's sync is held: these two are applied now and wait for
-        # the next group commit together (health answers without a sync, after both).
-        second = client.send("enqueue", {"jobs": [job("q", "second")]})
-        third = client.send("enqueue", {"jobs": [job("q", "third")]})
+        # The first record's sync is held: these are applied now and wait for the
+        # next group commit together (health answers without a sync, after them).
+        later = [client.send("enqueue", {"jobs": [job("q", f"job{i}")]}) for i in range(5)]
         assert await client.ok("health") == {"status": "serving"}
         recorded = record_server_writes(server)
         held.release.set()
-        for request_id in (first, second, third):
+        for request_id in (first, *later):
             assert (await client.response(request_id)).status == "ok"
-        # One write for the first commit's answer, one for the next commit's two.
-        assert _answer_ids(recorded) == [[first], [second, third]]
+        # One write for the first commit's answer; the next commit's five leave in
+        # writes of CORKED_ANSWERS_MAX (2) answers each, in the order answered.
+        assert CORKED_ANSWERS_MAX == 2
+        assert _answer_ids(recorded) == [[first], later[0:2], later[2:4], later[4:]]
         await client.close()
 
 
