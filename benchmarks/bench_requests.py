@@ -45,6 +45,9 @@ class StandInTransport:
     def write(self, data: bytes) -> None:
         self.out.append(data)
 
+    def writelines(self, parts: list[bytes]) -> None:
+        self.out.append(b"".join(parts))
+
     def get_write_buffer_size(self) -> int:
         return 0
 

@@ -76,8 +76,16 @@ class ReleaseCork:
         self._depth -= 1
         if self._depth == 0 and self._held:
             held, self._held = self._held, []
+            failed: BaseException | None = None
             for corked in held:
-                corked.uncork()
+                # Every connection's answers are written, even after one write
+                # raised (a bug): none is left holding answers nobody will send.
+                try:
+                    corked.uncork()
+                except Exception as exc:
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
 
 
 # storage.sync_method: who syncs the log after each group commit's write.

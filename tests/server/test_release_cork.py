@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from sepp.protocol import messages as pm
 from sepp.server.pipeline import ReleaseCork
 from sepp.server.server import CORKED_ANSWERS_MAX
@@ -66,3 +68,20 @@ def test_a_cork_writes_what_it_held_once_the_outermost_release_ends() -> None:
     cork.begin()
     cork.end()
     assert log == ["a", "b"]
+
+
+class Broken(Kept):
+    def uncork(self) -> None:
+        super().uncork()
+        raise RuntimeError("write failed")
+
+
+def test_every_held_connection_is_written_even_after_one_write_raises() -> None:
+    cork = ReleaseCork()
+    log: list[str] = []
+    cork.begin()
+    for held in (Kept("a", log), Broken("b", log), Kept("c", log)):
+        cork.hold(held)
+    with pytest.raises(RuntimeError, match="write failed"):
+        cork.end()
+    assert log == ["a", "b", "c"] and not cork.active
