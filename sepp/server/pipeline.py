@@ -48,8 +48,8 @@ class Corked(Protocol):
 
 
 class ReleaseCork:
-    """Holds the answers one durable release sends, so that a connection's leave
-    together. A group commit often ends several requests of one connection (a
+    """Holds the answers one durable release sends, so that a connection's answers
+    leave together. A group commit often ends several requests of one connection (a
     client keeps a few batches in flight); each answer was its own write, a
     syscall that wakes the client once more. While `active` (inside
     `CommitPipeline._release` and `_fail`) a connection keeps its answers (up to
@@ -121,7 +121,8 @@ class CommitPipeline:
     ) -> None:
         self.engine = engine
         self.backlog_max = backlog_max
-        # The answers a release sends leave in one write per connection.
+        # Holds a connection's answers during a release: they leave together,
+        # CORKED_ANSWERS_MAX (sepp/server/server.py) to a write.
         self.release_cork = release_cork or ReleaseCork()
         self._clock = clock
         self._last_now = engine.state.clock_ms
