@@ -40,6 +40,7 @@ from sepp.client.types import (
     UndecodableDeadLetter,
     UndecodableJob,
 )
+from sepp.protocol.messages import JOB_ARRAY_FIELDS
 
 if TYPE_CHECKING:
     from sepp.client.client import Lease
@@ -257,70 +258,183 @@ _PRIORITIES: dict[int, Priority] = {value: Priority(value) for value in range(10
 _DATETIME_MS_MAX = (datetime.max.replace(tzinfo=UTC) - EPOCH) // ONE_MS
 
 
+# The datetimes of recent delivered times, by ms: the jobs of one reserve answer
+# share their lease deadline, and jobs enqueued in one batch their enqueue time,
+# so most jobs find theirs here (a datetime is immutable: sharing one is safe).
+_DATETIMES: dict[int, datetime] = {}
+_DATETIMES_KEPT = 256
+
+
+def _datetime_of_ms(ms: int) -> datetime:
+    """The aware UTC datetime of `ms` (0 .. the last ms a datetime holds),
+    remembered in `_DATETIMES`."""
+    if len(_DATETIMES) >= _DATETIMES_KEPT:
+        _DATETIMES.clear()
+    # timedelta(days, seconds, microseconds, milliseconds): positional
+    # arguments are a third cheaper than the keyword.
+    at = _DATETIMES[ms] = EPOCH + timedelta(0, 0, 0, ms)
+    return at
+
+
+# A job row's length (the array layout): a newer server may send more fields.
+_ROW_LENGTH = len(JOB_ARRAY_FIELDS)
+
+
+def job_map_of_row(row: Any) -> Any:
+    """The job map a row of the array layout stands for (what a server sends in
+    the map layout), or `row` itself when it is no row: the field-by-field
+    reading and `undecodable_job` read that map."""
+    if type(row) is not list or len(row) < _ROW_LENGTH:
+        return row
+    job = dict(zip(JOB_ARRAY_FIELDS, row, strict=False))
+    pdata = job.pop("payload_data")
+    pencoding = job.pop("payload_encoding")
+    job["payload"] = (
+        None if pdata is None and pencoding is None else {"data": pdata, "encoding": pencoding}
+    )
+    if job["custom"] is None:
+        job["custom"] = {}
+    traceparent = job.pop("traceparent")
+    tracestate = job.pop("tracestate")
+    job["trace_context"] = (
+        None
+        if traceparent is None and tracestate is None
+        else {"traceparent": traceparent, "tracestate": tracestate}
+    )
+    return job
+
+
+def _usual_job(
+    job_id: Any,
+    queue: Any,
+    job_type: Any,
+    priority: Any,
+    attempt: Any,
+    max_attempts: Any,
+    enqueued_ms: Any,
+    scheduled_ms: Any,
+    lease_ms: Any,
+    has_payload: bool,
+    pdata: Any,
+    pencoding: Any,
+    extras: dict[str, Any] | None,
+    make_lease: Callable[[str, int, int, int], Lease | None] | None,
+) -> Job | None:
+    """The job of fields as a server sends them, checked in one test; None at any
+    doubt (the caller then reads field by field, naming what is wrong). `extras`:
+    the job map, read for its custom entries and trace context (None: it has
+    neither)."""
+    if not (
+        type(job_id) is str
+        and job_id
+        and type(job_type) is str
+        and job_type
+        and type(queue) is str
+        and type(attempt) is int
+        and type(max_attempts) is int
+        and type(priority) is int
+        and 0 <= priority <= 9
+        and type(lease_ms) is int
+        and 0 <= lease_ms <= _DATETIME_MS_MAX
+        and type(enqueued_ms) is int
+        and 0 <= enqueued_ms <= _DATETIME_MS_MAX
+        and (scheduled_ms is None or (type(scheduled_ms) is int and scheduled_ms <= enqueued_ms))
+        and (not has_payload or (type(pdata) is bytes and type(pencoding) is str))
+    ):
+        return None
+    ctx = JobCtx(
+        job_id,
+        queue,
+        job_type,
+        _PRIORITIES[priority],
+        attempt,
+        max_attempts,
+        _DATETIMES.get(enqueued_ms) or _datetime_of_ms(enqueued_ms),
+        {} if extras is None or extras.get("custom") is None else _custom(extras),
+        None if extras is None or extras.get("trace_context") is None else _trace(extras),
+        _DATETIMES.get(lease_ms) or _datetime_of_ms(lease_ms),
+        None,
+    )
+    if make_lease is not None:
+        ctx._lease = make_lease(job_id, attempt, lease_ms, enqueued_ms)
+    return Job(_checked_payload(pdata, pencoding) if has_payload else None, ctx)
+
+
 def job_from_wire(
     raw: Any, make_lease: Callable[[str, int, int, int], Lease | None] | None = None
 ) -> Job:
-    """A delivered job map of a reserve answer (PROTOCOL.md §5.2). `make_lease`
-    gets the job's id, attempt, lease deadline (ms since the epoch) and
-    enqueued_at_ms (the fencing token its ack / nack / extend carry, PROTOCOL.md
-    §5.3)."""
+    """A delivered job of a reserve answer (PROTOCOL.md §5.2), a map or, in the
+    array layout, a row of `JOB_ARRAY_FIELDS`. `make_lease` gets the job's id,
+    attempt, lease deadline (ms since the epoch) and enqueued_at_ms (the fencing
+    token its ack / nack / extend carry, PROTOCOL.md §5.3)."""
+    if type(raw) is list:
+        if len(raw) >= _ROW_LENGTH:
+            (
+                job_id,
+                queue,
+                job_type,
+                pdata,
+                pencoding,
+                priority,
+                max_attempts,
+                attempt,
+                enqueued_ms,
+                scheduled_ms,
+                lease_ms,
+                traceparent,
+                tracestate,
+                custom,
+            ) = raw if len(raw) == _ROW_LENGTH else raw[:_ROW_LENGTH]
+            if custom is None and traceparent is None and tracestate is None:
+                job = _usual_job(
+                    job_id,
+                    queue,
+                    job_type,
+                    priority,
+                    attempt,
+                    max_attempts,
+                    enqueued_ms,
+                    scheduled_ms,
+                    lease_ms,
+                    pdata is not None or pencoding is not None,
+                    pdata,
+                    pencoding,
+                    None,
+                    make_lease,
+                )
+                if job is not None:
+                    return job
+        else:
+            raise JobConversionError(f"a job row needs {_ROW_LENGTH} fields, got {len(raw)}")
+        # Custom entries, a trace context or any doubt: read as the map it stands for.
+        raw = job_map_of_row(raw)
     if type(raw) is dict:
         # The usual job, every field as a server sends it, read in one pass; any
         # doubt goes to the field-by-field reading below, which names the field.
         get = raw.get
-        job_id = get("id")
-        job_type = get("job_type")
-        queue = get("queue")
-        attempt = get("attempt")
-        max_attempts = get("max_attempts")
-        priority = get("priority")
-        lease_ms = get("lease_expires_at_ms")
-        enqueued_ms = get("enqueued_at_ms")
-        scheduled_ms = get("scheduled_at_ms")
         payload = get("payload")
-        pdata: Any = None
-        pencoding: Any = None
+        pdata = pencoding = None
         if type(payload) is dict:
             pdata = payload.get("data")
             pencoding = payload.get("encoding")
-        if (
-            type(job_id) is str
-            and job_id
-            and type(job_type) is str
-            and job_type
-            and type(queue) is str
-            and type(attempt) is int
-            and type(max_attempts) is int
-            and type(priority) is int
-            and 0 <= priority <= 9
-            and type(lease_ms) is int
-            and 0 <= lease_ms <= _DATETIME_MS_MAX
-            and type(enqueued_ms) is int
-            and 0 <= enqueued_ms <= _DATETIME_MS_MAX
-            and (
-                scheduled_ms is None or (type(scheduled_ms) is int and scheduled_ms <= enqueued_ms)
-            )
-            and (payload is None or (type(pdata) is bytes and type(pencoding) is str))
-        ):
-            # timedelta(days, seconds, microseconds, milliseconds): positional
-            # arguments are a third cheaper than the keyword (two per job).
-            lease_expires_at = EPOCH + timedelta(0, 0, 0, lease_ms)
-            ctx = JobCtx(
-                job_id,
-                queue,
-                job_type,
-                _PRIORITIES[priority],
-                attempt,
-                max_attempts,
-                EPOCH + timedelta(0, 0, 0, enqueued_ms),
-                {} if get("custom") is None else _custom(raw),
-                None if get("trace_context") is None else _trace(raw),
-                lease_expires_at,
-                None,
-            )
-            if make_lease is not None:
-                ctx._lease = make_lease(job_id, attempt, lease_ms, enqueued_ms)
-            return Job(None if payload is None else _checked_payload(pdata, pencoding), ctx)
+        job = _usual_job(
+            get("id"),
+            get("queue"),
+            get("job_type"),
+            get("priority"),
+            get("attempt"),
+            get("max_attempts"),
+            get("enqueued_at_ms"),
+            get("scheduled_at_ms"),
+            get("lease_expires_at_ms"),
+            payload is not None,
+            pdata,
+            pencoding,
+            raw,
+            make_lease,
+        )
+        if job is not None:
+            return job
     if not isinstance(raw, dict):
         raise JobConversionError("a job must be a map")
     job_id = _field(raw, "id", str, "job")

@@ -95,7 +95,14 @@ from sepp.server.service import (
     SeppService,
     ShuttingDown,
 )
-from sepp.server.wire import command_error, dead_letter_body, enqueue_body, job_view_body, new_job
+from sepp.server.wire import (
+    command_error,
+    dead_letter_body,
+    enqueue_body,
+    job_view_body,
+    job_view_row,
+    new_job,
+)
 from sepp.storage import Engine, FileSystem, StorageFailed
 from sepp.storage.fs import RealFileSystem
 
@@ -132,11 +139,13 @@ class NativeReserveSink:
     Not alive once the connection is closed, closing or half-closed; a parked
     one is in its connection's `parked` set until it is answered."""
 
-    __slots__ = ("conn", "handle", "request_id")
+    __slots__ = ("arrays", "conn", "handle", "request_id")
 
-    def __init__(self, conn: ClientConnection, request_id: int) -> None:
+    def __init__(self, conn: ClientConnection, request_id: int, arrays: bool = False) -> None:
         self.conn = conn
         self.request_id = request_id
+        # The reserve asked for its jobs as arrays (`job_layout`, PROTOCOL.md 5.2).
+        self.arrays = arrays
         # The service's handle while parked (withdraw, abandon).
         self.handle: ParkedReserve | None = None
 
@@ -157,7 +166,8 @@ class NativeReserveSink:
         if conn.closed or transport is None or transport.is_closing():
             conn.in_flight -= 1
             return False
-        body = {"jobs": [job_view_body(j) for j in jobs]}
+        shape = job_view_row if self.arrays else job_view_body
+        body = {"jobs": [shape(j) for j in jobs]}
         conn.send_frame(_ok_frame(self.request_id, body, _payloads_to_splice(jobs)))
         return True
 
@@ -1447,7 +1457,7 @@ class ClientConnection(asyncio.Protocol):
         self._unhold()
 
     def op_reserve(self, request_id: int, body: pm.ReserveBody) -> None:
-        sink = NativeReserveSink(self, request_id)
+        sink = NativeReserveSink(self, request_id, body.job_layout == pm.JOB_LAYOUT_ARRAY)
         handle = self.server.service.reserve(
             tuple(body.queues),
             body.lease_ms,

@@ -105,6 +105,15 @@ def job_view_body(view: JobView) -> dict[str, Any]:
     )
 
 
+def job_view_row(view: JobView) -> list[Any]:
+    """`job_view_body` in the array layout (messages.JOB_ARRAY_FIELDS: JobView's
+    own field order), `custom` nil when empty."""
+    row = list(view)
+    custom = view.custom
+    row[13] = dict(custom) if custom else None
+    return row
+
+
 def dead_letter_body(record: DeadLetterView) -> dict[str, Any]:
     return {
         "job": job_view_body(record.job),

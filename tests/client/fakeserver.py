@@ -130,6 +130,30 @@ def make_job(
     )
 
 
+def job_row(job: dict[str, Any]) -> list[Any]:
+    """The row a server sends for the job map `job` in the array layout of a
+    reserve answer (PROTOCOL.md 5.2), spelled out here rather than read from
+    JOB_ARRAY_FIELDS (so a reordering shows)."""
+    payload = job.get("payload")
+    trace = job.get("trace_context")
+    return [
+        job.get("id"),
+        job.get("queue"),
+        job.get("job_type"),
+        None if payload is None else payload.get("data"),
+        None if payload is None else payload.get("encoding"),
+        job.get("priority"),
+        job.get("max_attempts"),
+        job.get("attempt"),
+        job.get("enqueued_at_ms"),
+        job.get("scheduled_at_ms"),
+        job.get("lease_expires_at_ms"),
+        None if trace is None else trace.get("traceparent"),
+        None if trace is None else trace.get("tracestate"),
+        job.get("custom") or None,
+    ]
+
+
 def error(code: str, message: str = "scripted error", **details: Any) -> Reply:
     return code, {"message": message, **details}
 
@@ -148,6 +172,9 @@ class FakeQueue:
         # job id -> error code to answer extends of that job with.
         self.fail_extend: dict[str, str] = {}
         self.reserves: list[dict[str, Any]] = []
+        # Whether reserves asking for the array layout get rows, as this
+        # server does; False: maps whatever is asked, as servers before it.
+        self.rows = False
         self._changed = asyncio.Event()
 
     def push(self, *jobs: dict[str, Any]) -> None:
@@ -186,6 +213,8 @@ class FakeQueue:
             job["attempt"] += 1
             job["lease_expires_at_ms"] = now_ms() + body["lease_ms"]
             self.in_flight[job["id"]] = job
+        if self.rows and body.get("job_layout") == "array":
+            return "ok", {"jobs": [job_row(job) for job in taken]}
         return "ok", {"jobs": taken}
 
     def ack(self, conn: FakeConnection, request: Request) -> Reply:

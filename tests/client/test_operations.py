@@ -191,6 +191,7 @@ async def test_reserve_sends_milliseconds_and_returns_a_list_of_jobs(fake: FakeS
             "wait_ms": 2_500,
             "max_jobs": 5,
             "worker_id": "w-1",
+            "job_layout": "array",
         }
         assert jobs is not None and [j.ctx.job_type for j in jobs] == ["a", "b"]
         ctx = jobs[0].ctx
@@ -231,9 +232,11 @@ async def test_reserve_in_strict_mode_raises_unknown_queues(fake: FakeServer) ->
         await client.close()
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["maps", "rows"])
 async def test_an_abandoned_reserve_is_withdrawn_and_its_late_jobs_released_not_nacked(
-    fake: FakeServer,
+    fake: FakeServer, rows: bool
 ) -> None:
+    fake.queue.rows = rows
     async with fake:
         client = await SeppClient.connect(fake.address)
         parked = asyncio.ensure_future(

@@ -74,7 +74,11 @@ async def test_reserve_raises_for_an_undecodable_job_instead_of_an_empty_poll(
         await client.close()
 
 
-async def test_the_decoded_jobs_of_the_same_answer_come_with_the_error(fake: FakeServer) -> None:
+@pytest.mark.parametrize("rows", [False, True], ids=["maps", "rows"])
+async def test_the_decoded_jobs_of_the_same_answer_come_with_the_error(
+    fake: FakeServer, rows: bool
+) -> None:
+    fake.queue.rows = rows
     good = make_job("good")
     bad = dict(make_job("bad"), priority=12)
     async with fake:
@@ -83,7 +87,11 @@ async def test_the_decoded_jobs_of_the_same_answer_come_with_the_error(fake: Fak
         with pytest.raises(UndecodableJobError) as caught:
             await client.reserve(ReserveOptions(["q"], LEASE, wait_timeout=NO_WAIT, max_jobs=2))
         assert [job.ctx.id for job in caught.value.jobs] == [good["id"]]
-        assert [u.id for u in caught.value.undecodable] == [bad["id"]]
+        (undecodable,) = caught.value.undecodable
+        assert (undecodable.id, undecodable.attempt, undecodable.job_type) == (bad["id"], 1, "bad")
+        # A row is handed over as the map it stands for, the field names with it.
+        assert undecodable.raw == bad
+        assert "priority" in undecodable.error
         await client.ack(caught.value.jobs[0].ctx)  # the decoded job is leased and usable
         assert fake.queue.acked == [good["id"]]
         await client.close()

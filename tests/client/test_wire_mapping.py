@@ -54,7 +54,7 @@ from sepp.client.types import (
     TraceContext,
     TraceContextError,
 )
-from tests.client.fakeserver import SERVER_INFO, make_job
+from tests.client.fakeserver import SERVER_INFO, job_row, make_job
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -481,3 +481,89 @@ def test_the_usual_delivered_job_decodes_like_the_field_by_field_reading() -> No
     )
     assert fast.ctx.lease_expires_at == datetime(2025, 11, 30, 10, 53, 50, 456_000, tzinfo=UTC)
     assert fast.ctx.scheduled_at is None
+
+
+# -- the array layout of a reserve answer (PROTOCOL.md §5.2, `job_layout`) ----------------
+
+
+def _delivered(**fields: object) -> dict:
+    fields.setdefault("enqueued_at_ms", 1_764_500_000_123)
+    job = make_job("send", queue="emails", **fields)  # type: ignore[arg-type]
+    job["attempt"] = 2
+    job["lease_expires_at_ms"] = 1_764_500_030_456
+    return job
+
+
+_DELIVERED = {
+    "usual": _delivered(),
+    "no payload": _delivered(payload=None),
+    "custom and trace": _delivered(custom={"k": "v", "n": 3}, traceparent=TRACEPARENT),
+    "a broken trace": _delivered(traceparent="garbage"),
+    "scheduled": _delivered(scheduled_at_ms=1_764_500_000_999),
+    "scheduled in the past": _delivered(scheduled_at_ms=5),
+}
+
+
+@pytest.mark.parametrize("name", list(_DELIVERED))
+def test_a_job_row_decodes_as_the_map_it_stands_for(name: str) -> None:
+    job = _DELIVERED[name]
+    row = job_row(job)
+    expected = dict(job, custom=job["custom"] or {})
+    assert _convert.job_map_of_row(row) == expected
+    from_row = _convert.job_from_wire(row)
+    assert from_row == _convert.job_from_wire(job)
+    assert from_row.ctx.lease_expires_at == datetime(2025, 11, 30, 10, 53, 50, 456_000, tzinfo=UTC)
+    # A newer server may append fields: they are ignored.
+    assert _convert.job_from_wire([*row, "a later field", 7]) == from_row
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"id": None},
+        {"id": ""},
+        {"job_type": 5},
+        {"queue": None},
+        {"priority": 12},
+        {"attempt": "1"},
+        {"attempt": True},
+        {"max_attempts": None},
+        {"enqueued_at_ms": -5},
+        {"lease_expires_at_ms": None},
+        {"scheduled_at_ms": "soon"},
+        {"payload": {"data": "not bytes", "encoding": "x"}},
+        {"payload": {"data": b"x", "encoding": None}},
+        {"payload": {"data": None, "encoding": "x"}},
+        {"custom": {"k": [1]}},
+        {"custom": ["k"]},
+    ],
+)
+def test_a_damaged_row_is_refused_as_its_map_is(damage: dict) -> None:
+    job = dict(_delivered(), **damage)
+    with pytest.raises(JobConversionError) as from_map:
+        _convert.job_from_wire(job)
+    with pytest.raises(JobConversionError) as from_row:
+        _convert.job_from_wire(job_row(job))
+    assert str(from_row.value) == str(from_map.value)
+
+
+def test_a_row_too_short_is_refused_and_left_as_it_came() -> None:
+    row = job_row(_delivered())[:-1]
+    with pytest.raises(JobConversionError, match="a job row needs 14 fields, got 13"):
+        _convert.job_from_wire(row)
+    assert _convert.job_map_of_row(row) is row
+
+
+def test_delivered_times_are_exact_past_the_remembered_ones() -> None:
+    # More distinct times than _convert remembers (it forgets them all at once).
+    base = 1_764_500_000_000
+    for i in range(700):
+        job = _delivered(enqueued_at_ms=base + i * 7)
+        job["lease_expires_at_ms"] = base + 30_000 + i % 3
+        ctx = _convert.job_from_wire(job_row(job) if i % 2 else job).ctx
+        assert ctx.enqueued_at == datetime(2025, 11, 30, 10, 53, 20, tzinfo=UTC) + timedelta(
+            milliseconds=i * 7
+        )
+        assert ctx.lease_expires_at == datetime(2025, 11, 30, 10, 53, 50, tzinfo=UTC) + timedelta(
+            milliseconds=i % 3
+        )

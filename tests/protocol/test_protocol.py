@@ -273,6 +273,16 @@ def test_nack_delay_needs_delay_ms_and_a_known_directive() -> None:
 def test_reserve_defaults() -> None:
     body = pm.parse_reserve({"queues": ["a"], "lease_ms": 5})
     assert (body.wait_ms, body.max_jobs, body.worker_id) == (0, 1, None)
+    assert body.job_layout == pm.JOB_LAYOUT_MAP
+
+
+def test_reserve_job_layout_is_map_or_array() -> None:
+    for layout in (pm.JOB_LAYOUT_MAP, pm.JOB_LAYOUT_ARRAY):
+        body = pm.parse_reserve({"queues": ["a"], "lease_ms": 5, "job_layout": layout})
+        assert body.job_layout == layout
+    for wrong in ("rows", "", 1):
+        with pytest.raises(ProtocolError, match="job_layout"):
+            pm.parse_reserve({"queues": ["a"], "lease_ms": 5, "job_layout": wrong})
 
 
 def test_settle_parses_each_item_as_its_single_operations_body() -> None:
@@ -390,6 +400,9 @@ def _field_by_field_reserve(body: dict) -> pm.ReserveBody:
     wait_ms = f.opt_int("wait_ms")
     max_jobs = f.opt_int("max_jobs")
     order = f.opt_str("order")
+    layout = f.opt_str("job_layout")
+    if layout not in (None, "map", "array"):
+        raise ProtocolError('job_layout must be "map" or "array", not ' + f"{layout!r:.40}")
     return pm.ReserveBody(
         f.str_list("queues"),
         f.integer("lease_ms"),
@@ -397,6 +410,7 @@ def _field_by_field_reserve(body: dict) -> pm.ReserveBody:
         1 if max_jobs is None else max_jobs,
         f.opt_str("worker_id"),
         "strict" if order is None else order,
+        "map" if layout is None else layout,
     )
 
 
@@ -434,6 +448,7 @@ def _body(fields: dict[str, st.SearchStrategy]) -> st.SearchStrategy[dict]:
             "max_jobs": _near,
             "worker_id": _near,
             "order": _near,
+            "job_layout": _near | st.sampled_from(["map", "array"]),
         }
     )
 )

@@ -260,6 +260,7 @@ class RawClient:
         wait_ms: int = 0,
         max_jobs: int = 1,
         worker_id: str | None = None,
+        job_layout: str | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "queues": list(queues),
@@ -269,6 +270,8 @@ class RawClient:
         }
         if worker_id is not None:
             body["worker_id"] = worker_id
+        if job_layout is not None:
+            body["job_layout"] = job_layout
         return body
 
     async def reserve(
@@ -279,10 +282,14 @@ class RawClient:
         wait_ms: int = 0,
         max_jobs: int = 1,
         timeout: float = ANSWER_TIMEOUT_S,
-    ) -> list[dict[str, Any]]:
-        body = self.reserve_body(queues, lease_ms=lease_ms, wait_ms=wait_ms, max_jobs=max_jobs)
+        job_layout: str | None = None,
+    ) -> list[Any]:
+        """The delivered jobs: maps, or rows with ``job_layout="array"``."""
+        body = self.reserve_body(
+            queues, lease_ms=lease_ms, wait_ms=wait_ms, max_jobs=max_jobs, job_layout=job_layout
+        )
         result = await self.ok("reserve", body, timeout=timeout + wait_ms / 1000)
-        jobs: list[dict[str, Any]] = result["jobs"]
+        jobs: list[Any] = result["jobs"]
         return jobs
 
     async def ack(self, job: dict[str, Any]) -> pm.Response:

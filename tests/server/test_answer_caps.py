@@ -18,10 +18,11 @@ from typing import Any
 import msgpack
 import pytest
 
+from sepp.client._convert import job_map_of_row
 from sepp.core.decide import dead_letter_answer_bytes, job_answer_bytes
 from sepp.core.events import CAUSE_NAMES
 from sepp.core.state import DeadLetter, Job
-from sepp.server.wire import dead_letter_body, job_view_body
+from sepp.server.wire import dead_letter_body, job_view_body, job_view_row
 from sepp.storage.faultfs import FaultyFileSystem
 from tests.inprocess import address_of, in_process, in_process_config
 from tests.server.conftest import RawClient, connect, job, payload, wait_until
@@ -284,6 +285,11 @@ def test_the_core_bound_on_a_job_or_record_in_an_answer_is_never_below_its_encod
         view = job_state.view(rng.choice([0, big]))
         encoded = len(msgpack.packb(job_view_body(view), use_bin_type=True))
         assert encoded <= job_answer_bytes(job_state), (encoded, job_state.view(0))
+        # The array layout (PROTOCOL.md 5.2) carries the same job in fewer bytes,
+        # and stands for exactly the map the map layout sends.
+        row = job_view_row(view)
+        assert len(msgpack.packb(row, use_bin_type=True)) < encoded
+        assert job_map_of_row(row) == job_view_body(view)
         record = DeadLetter(
             job_state,
             rng.choice(list(CAUSE_NAMES)),

@@ -5,6 +5,9 @@ three times on the event loop, holding every other client for 50-60 ms)."""
 
 from __future__ import annotations
 
+import pytest
+
+from sepp.client._convert import job_map_of_row
 from sepp.protocol import messages as pm
 from sepp.server.server import SeppServer
 from tests.inprocess import address_of, in_process, in_process_config
@@ -24,7 +27,10 @@ def _sent_uncopied(recorder: RecordedWrites, held: list[bytes]) -> bool:
     return all(any(part is data for part in parts) for data in held)
 
 
-async def test_a_reserve_answer_sends_the_large_payloads_it_holds_uncopied() -> None:
+@pytest.mark.parametrize("layout", [None, pm.JOB_LAYOUT_MAP, pm.JOB_LAYOUT_ARRAY])
+async def test_a_reserve_answer_sends_the_large_payloads_it_holds_uncopied(
+    layout: str | None,
+) -> None:
     async with in_process(in_process_config()) as server:
         client = await connect(address_of(server))
         datas = [bytes([i]) * (LARGE + i) for i in range(3)]
@@ -32,13 +38,16 @@ async def test_a_reserve_answer_sends_the_large_payloads_it_holds_uncopied() -> 
         small = await client.enqueue_ids(job("big", payload=payload(b"small")))
         held = _held(server, ids)
         recorder = record_server_writes(server)
-        delivered = await client.reserve(["big"], max_jobs=4)
+        answer = await client.reserve(["big"], max_jobs=4, job_layout=layout)
+        # Rows in the array layout (PROTOCOL.md 5.2), maps otherwise.
+        assert all(type(d) is (list if layout == pm.JOB_LAYOUT_ARRAY else dict) for d in answer)
+        delivered = [job_map_of_row(d) for d in answer]
         assert [d["payload"]["data"] for d in delivered] == [*datas, b"small"]
         assert [d["id"] for d in delivered] == ids + small
         assert len(recorder.lines) == 1 and _sent_uncopied(recorder, held)
         # Small payloads only: the answer is one frame, written whole.
         await client.enqueue_ids(job("small", payload=payload(b"x" * 100)))
-        assert len(await client.reserve(["small"])) == 1
+        assert len(await client.reserve(["small"], job_layout=layout)) == 1
         assert len(recorder.lines) == 1
         await client.close()
 

@@ -3,15 +3,41 @@
 from __future__ import annotations
 
 from sepp.core.commands import Ack, Enqueue, NewJob, Reserve
+from sepp.core.results import JobView
 from sepp.protocol.errors import ProtocolError
-from sepp.protocol.messages import WireJob, parse_job
-from sepp.server.wire import new_job
+from sepp.protocol.messages import JOB_ARRAY_FIELDS, WireJob, parse_job
+from sepp.server.wire import job_view_row, new_job
 
 
 def test_a_wire_job_maps_field_by_field_onto_new_job() -> None:
     # new_job builds NewJob positionally from a WireJob: the field orders must agree.
     wire_fields = [name.removesuffix("_ms") for name in WireJob._fields]
     assert list(NewJob._fields) == ["job_id", *wire_fields, "invalid"]
+
+
+def test_a_job_row_is_a_job_view_in_its_own_field_order() -> None:
+    # job_view_row is list(view): JOB_ARRAY_FIELDS must name JobView's fields in order.
+    wire_names = {"job_id": "id", "enqueued_at": "enqueued_at_ms"}
+    wire_names |= {"scheduled_at": "scheduled_at_ms", "lease_expires_at": "lease_expires_at_ms"}
+    assert tuple(wire_names.get(name, name) for name in JobView._fields) == JOB_ARRAY_FIELDS
+    view = JobView("i", "q", "t", None, None, 3, 5, 2, 10, None, 40, None, None, {"k": 1})
+    assert job_view_row(view) == [
+        "i",
+        "q",
+        "t",
+        None,
+        None,
+        3,
+        5,
+        2,
+        10,
+        None,
+        40,
+        None,
+        None,
+        {"k": 1},
+    ]
+    assert job_view_row(view._replace(custom={}))[13] is None
 
 
 def test_every_field_of_a_job_map_reaches_the_command() -> None:
