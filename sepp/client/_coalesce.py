@@ -25,6 +25,15 @@ Promises:
   of 11 pairs (100,000 jobs: median 37.4k vs 31.9k jobs/s), a Worker's acks at
   13 lost to 25 in 3 of 3 (21k vs 26k jobs/s: each settle answer is the
   Worker's cue to reserve again, and smaller settles make more of them);
+* enqueues without a linger are held while the server has work from this
+  connection: while `ENQUEUE_FRAMES_AHEAD` enqueue requests are in flight on it
+  (`busy`), new enqueues wait for one of those answers (or a full batch) rather
+  than leaving at the next turn, so each request carries more jobs. They would
+  have waited at the server anyway (it handles a connection's requests in
+  order), and nothing is held when nothing is in flight. Measured (50
+  concurrent enqueue callers, durable server on another core, six interleaved
+  pairs, medians): 12.5 -> 16.7 jobs a request, client CPU per enqueue 17.6 ->
+  16.0 us, 33.1k -> 34.5k jobs/s;
 * a call whose caller stopped waiting before its batch left is left out;
 * order: the calls of one batch keep the order they were made in.
 
@@ -41,12 +50,22 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EAGER_CALLS", "ENQUEUE_EAGER_CALLS", "Call", "Coalescer", "Outcome"]
+__all__ = [
+    "EAGER_CALLS",
+    "ENQUEUE_EAGER_CALLS",
+    "ENQUEUE_FRAMES_AHEAD",
+    "Call",
+    "Coalescer",
+    "Outcome",
+]
 
 # Without a linger: a batch this long leaves at once (see the module docstring);
 # settles (acks, nacks, extends) at EAGER_CALLS, enqueues at ENQUEUE_EAGER_CALLS.
 EAGER_CALLS = 25
 ENQUEUE_EAGER_CALLS = 13
+# Without a linger, enqueues wait while this many enqueue requests are in flight
+# on the connection (see the module docstring).
+ENQUEUE_FRAMES_AHEAD = 2
 
 
 class Outcome(Protocol):
@@ -85,9 +104,22 @@ class Call:
 
 class Coalescer:
     """Collects the calls of one kind until the loop's next turn (or the linger),
-    then passes them, in order, to `send`."""
+    then passes them, in order, to `send`. With `busy` (no linger), calls are
+    held while it answers True, until the owner calls `flush` again or a batch
+    is full."""
 
-    __slots__ = ("_calls", "_eager", "_handle", "_leave_at", "_linger_s", "_loop", "_send", "_full")
+    __slots__ = (
+        "_busy",
+        "_calls",
+        "_eager",
+        "_full",
+        "_handle",
+        "_leave_at",
+        "held",
+        "_linger_s",
+        "_loop",
+        "_send",
+    )
 
     def __init__(
         self,
@@ -97,6 +129,7 @@ class Coalescer:
         linger_s: float = 0.0,
         full: int = 256,
         eager: int = EAGER_CALLS,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
         if eager < 1:
             raise ValueError(f"eager must be at least 1, got {eager}")
@@ -104,6 +137,9 @@ class Coalescer:
         self._send = send
         self._linger_s = linger_s
         self._eager = eager
+        self._busy = busy if linger_s <= 0 else None
+        # The calls collected are held (`busy`): only a full batch leaves now.
+        self.held = False
         self._calls: list[Call] = []
         self._handle: asyncio.Handle | None = None
         self.full = full
@@ -128,13 +164,22 @@ class Coalescer:
                 self._handle = self._loop.call_later(self._linger_s, self.flush)
             else:
                 self._handle = self._loop.call_soon(self.flush)
-        elif len(calls) >= self._leave_at:
+        elif len(calls) >= (self._full if self.held else self._leave_at):
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
+        """Send the calls collected, unless `busy` holds them (`force`: send
+        them all the same)."""
         handle, self._handle = self._handle, None
         if handle is not None:
             handle.cancel()
+        busy = self._busy
+        if busy is not None and not force and len(self._calls) < self._full and busy():
+            # Held: the owner flushes when it is no longer busy, and the loop's
+            # next turn after another call looks again.
+            self.held = True
+            return
+        self.held = False
         calls, self._calls = self._calls, []
         live = [call for call in calls if not call.future.done()]
         if live:

@@ -319,6 +319,9 @@ class Connection:
         self._closed = False
         # While corked (`cork_for_turn`): the frames sent, written together by `uncork`.
         self._corked: list[bytes] | None = None
+        # Coalesced enqueue requests sent on this connection and not yet
+        # answered (kept by the client: SeppClient._enqueues_ahead).
+        self.enqueues_in_flight = 0
         # Retired: no new requests; closed once nothing is pending (`retire`).
         self._retiring = False
         # Builds the error for requests still pending when the connection ends.

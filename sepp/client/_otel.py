@@ -45,6 +45,12 @@ def api() -> Any:
     return _api
 
 
+def missing() -> bool:
+    """True once OpenTelemetry was looked for and is not installed (`api` is
+    None): callers skip their spans and trace headers without asking again."""
+    return _api is None
+
+
 def reset_for_tests(value: Any = _UNLOADED) -> None:
     """Forget (or replace) the loaded API; tests use it to inject a fake."""
     global _api

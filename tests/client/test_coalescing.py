@@ -20,6 +20,7 @@ import pytest
 
 from sepp.client import (
     AttemptMismatchError,
+    ClientClosedError,
     EnqueueAck,
     EnqueueRequest,
     InvalidRequest,
@@ -35,7 +36,13 @@ from sepp.client import (
     SyncSeppClient,
     TransportError,
 )
-from sepp.client._coalesce import EAGER_CALLS, ENQUEUE_EAGER_CALLS, Call, Coalescer
+from sepp.client._coalesce import (
+    EAGER_CALLS,
+    ENQUEUE_EAGER_CALLS,
+    ENQUEUE_FRAMES_AHEAD,
+    Call,
+    Coalescer,
+)
 from sepp.client.client import ENQUEUE_LINGER_MAX
 from sepp.protocol import Request
 from tests.client.fakeserver import DROP, FakeConnection, FakeServer, make_job
@@ -150,6 +157,113 @@ async def test_a_coalescer_cuts_at_its_eager_size_or_at_full_whichever_is_smalle
 
     with pytest.raises(ValueError, match="eager"):
         Coalescer(loop, record, eager=0)
+
+
+async def test_a_busy_coalescer_holds_its_calls_until_flushed_full_or_idle() -> None:
+    loop = asyncio.get_running_loop()
+    sent: list[list[int]] = []
+    busy = [True]
+    made = iter(range(100))
+
+    def calls(n: int) -> list[Call]:
+        return [Call("enqueue", {"n": next(made)}, True, 8, loop.create_future()) for _ in range(n)]
+
+    def record(batch: list[Call]) -> None:
+        sent.append([c.wire["n"] for c in batch])
+
+    held = Coalescer(loop, record, full=5, eager=2, busy=lambda: busy[0])
+    for call in calls(3):
+        held.submit(call)  # the eager cut comes and goes: busy
+    await asyncio.sleep(0)  # and the loop's next turn
+    assert sent == [] and held.held and len(held) == 3
+    for call in calls(2):
+        held.submit(call)
+    assert sent == [[0, 1, 2, 3, 4]] and not held.held  # a full batch leaves all the same
+    held.submit(calls(1)[0])
+    await asyncio.sleep(0)
+    assert held.held and len(held) == 1
+    busy[0] = False  # an answer came: the owner flushes
+    held.flush()
+    assert sent[1:] == [[5]] and not held.held
+    busy[0] = True
+    held.submit(calls(1)[0])
+    await asyncio.sleep(0)
+    assert held.held
+    busy[0] = False  # idle without the owner's flush: the next call's turn sends both
+    held.submit(calls(1)[0])
+    await asyncio.sleep(0)
+    assert sent[2:] == [[6, 7]] and not held.held
+    busy[0] = True
+    held.submit(calls(1)[0])
+    held.flush(force=True)  # closing: sent whatever the answers
+    assert sent[3:] == [[8]]
+
+    # A linger already batches: `busy` is not consulted.
+    lingering = Coalescer(loop, record, linger_s=60.0, full=2, busy=lambda: True)
+    for call in calls(2):
+        lingering.submit(call)
+    assert sent[4:] == [[9, 10]]
+
+
+def gated_enqueues(fake: FakeServer) -> asyncio.Event:
+    """Enqueue answers wait for the returned event (each request in a task of its own)."""
+    gate = asyncio.Event()
+
+    async def answer(conn: FakeConnection, request: Request) -> Any:
+        await gate.wait()
+        return answer_enqueue(conn, request)
+
+    fake.on("enqueue", answer)
+    return gate
+
+
+async def test_enqueues_wait_for_an_answer_while_two_requests_are_in_flight(
+    fake: FakeServer,
+) -> None:
+    assert ENQUEUE_FRAMES_AHEAD == 2
+    async with fake:
+        client = await fake_with_limits(fake)
+        gate = gated_enqueues(fake)
+        eager = ENQUEUE_EAGER_CALLS
+        tasks = [
+            asyncio.ensure_future(client.enqueue(EnqueueRequest("q", f"t{i}")))
+            for i in range(2 * eager + 5)
+        ]
+        await fake.wait_until(lambda: len(fake.ops("enqueue")) == 2)
+        # The health call leaves after the loop turn that would have sent the
+        # last five: once it is answered, the fake has read all that was sent.
+        await client.health()
+        assert len(fake.ops("enqueue")) == 2
+        later = [
+            asyncio.ensure_future(client.enqueue(EnqueueRequest("q", f"t{i}")))
+            for i in range(2 * eager + 5, 2 * eager + 8)
+        ]
+        await client.health()
+        assert len(fake.ops("enqueue")) == 2  # they join the held ones
+        gate.set()
+        acks = await asyncio.gather(*tasks, *later)
+        assert [a.job_id for a in acks] == [f"id-t{i}" for i in range(2 * eager + 8)]
+        sizes = [len(f.body["jobs"]) for f in fake.ops("enqueue")]
+        assert sizes == [eager, eager, 8]  # the held ones left together, at the first answer
+        await client.close()
+
+
+async def test_enqueues_held_for_an_answer_fail_at_close_instead_of_waiting(
+    fake: FakeServer,
+) -> None:
+    async with fake:
+        client = await fake_with_limits(fake)
+        gated_enqueues(fake)  # never opened: no enqueue is answered
+        tasks = [
+            asyncio.ensure_future(client.enqueue(EnqueueRequest("q", f"t{i}")))
+            for i in range(2 * ENQUEUE_EAGER_CALLS + 3)
+        ]
+        await fake.wait_until(lambda: len(fake.ops("enqueue")) == 2)
+        await client.health()
+        await client.close()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(o, ClientClosedError) for o in outcomes), outcomes
+        assert len(fake.ops("enqueue")) == 2  # the held ones never left
 
 
 async def test_a_rejected_job_raises_for_its_own_caller_only(fake: FakeServer) -> None:
