@@ -383,7 +383,8 @@ class JetStreamCluster:
 
     def ready(self) -> str | None:
         """The meta leader's name once every recorded server runs, answers
-        /healthz, and the meta leader sees every other server current; else None."""
+        /healthz, and the meta leader sees every other server current and online;
+        else None."""
         if not all(_healthy(s) for s in self.servers):
             return None
         leader = self.meta_leader()
@@ -397,12 +398,16 @@ class JetStreamCluster:
         if meta.get("leader") != leader:
             return None
         replicas = meta.get("replicas") or []
-        if len(replicas) != len(self.servers) - 1 or not all(r.get("current") for r in replicas):
+        if len(replicas) != len(self.servers) - 1:
+            return None
+        # "offline": the meta leader would not place a replica on that server yet
+        # ("no suitable peers for placement") though it may already be current.
+        if not all(r.get("current") and not r.get("offline") for r in replicas):
             return None
         return leader
 
     def wait_meta_leader(self, deadline_s: float = START_DEADLINE_S) -> str:
-        """Wait until `ready()`: a meta leader with every server current."""
+        """Wait until `ready()`: a meta leader with every server current and online."""
         found: list[str] = []
 
         def check() -> bool:
@@ -414,7 +419,7 @@ class JetStreamCluster:
         _poll(
             check,
             deadline_s,
-            f"JetStream had no meta leader with every server current within {deadline_s} s",
+            f"JetStream had no meta leader with every server current and online within {deadline_s} s",
         )
         return found[-1]
 

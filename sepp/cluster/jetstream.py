@@ -84,6 +84,10 @@ from sepp.cluster.replog import (
 # JetStream's API error codes this module acts on.
 ERR_WRONG_LAST_SEQUENCE = 10071
 ERR_STREAM_NAME_IN_USE = 10058
+# "no suitable peers for placement": JetStream cannot place a new R3 stream now
+# (a server is offline or not yet known to the meta leader; or the cluster has
+# fewer than three JetStream servers). Setup asks again until its deadline.
+ERR_NO_SUITABLE_PEERS = 10005
 
 # Defaults (units in the names).
 REQUEST_TIMEOUT_S = 2.0
@@ -737,6 +741,8 @@ async def _ensure_stream(
     except nats.js.errors.APIError as exc:
         if exc.err_code == ERR_STREAM_NAME_IN_USE:  # another node created it meanwhile
             return await js.stream_info(names.stream)
+        if exc.err_code == ERR_NO_SUITABLE_PEERS:
+            raise  # a server offline for now: asked again
         raise ClusterSetupRefused(f"cannot create stream {names.stream}: {exc}") from exc
 
 
@@ -825,8 +831,9 @@ async def ensure_cluster_resources(
     refuse (`ClusterSetupRefused`) unless the stream is R`replicas`, file-stored,
     without discarding limits, and every server hosting it runs with
     `sync_interval: always`. A cluster still electing its leaders (timeouts,
-    "JetStream system temporarily unavailable") is asked again until
-    `setup_deadline_s`, then `BackendUnavailable`. `monitor_tls`: the TLS
+    "JetStream system temporarily unavailable") or unable to place R`replicas`
+    for now (a server offline: "no suitable peers for placement") is asked again
+    until `setup_deadline_s`, then `BackendUnavailable`. `monitor_tls`: the TLS
     context https monitoring URLs are checked against (default the system's)."""
     js = nc.jetstream(timeout=max(timeout_s, SETUP_REQUEST_TIMEOUT_S))
     loop = asyncio.get_running_loop()
@@ -837,18 +844,38 @@ async def ensure_cluster_resources(
                 js, names, monitor_urls, lease_ttl_s, replicas, timeout_s, monitor_tls
             )
             break
-        except _UNKNOWN_OUTCOME as exc:
-            if loop.time() >= deadline:
-                raise _unavailable("setting up the cluster's JetStream resources", exc) from exc
-            await asyncio.sleep(SETUP_RETRY_S)
         except ClusterSetupRefused:
             raise
-        except nats.js.errors.Error as exc:
-            raise _unavailable("setting up the cluster's JetStream resources", exc) from exc
+        except (*_UNKNOWN_OUTCOME, nats.js.errors.Error) as exc:
+            if not _setup_may_succeed_later(exc) or loop.time() >= deadline:
+                raise _unavailable(_SETTING_UP + _placement_hint(exc, replicas), exc) from exc
+            await asyncio.sleep(SETUP_RETRY_S)
     return ClusterResources(
         log=JetStreamLog(nc, names.stream, names.subject, timeout_s),
         lease=JetStreamLease(kv),
         blobs=JetStreamBlobStore(store),
+    )
+
+
+_SETTING_UP = "setting up the cluster's JetStream resources"
+
+
+def _no_suitable_peers(exc: BaseException) -> bool:
+    return isinstance(exc, nats.js.errors.APIError) and exc.err_code == ERR_NO_SUITABLE_PEERS
+
+
+def _setup_may_succeed_later(exc: BaseException) -> bool:
+    """A cluster still electing (timeouts, no responders, 503) or with a server
+    offline for now (no suitable peers): asked again until the deadline."""
+    return isinstance(exc, _UNKNOWN_OUTCOME) or _no_suitable_peers(exc)
+
+
+def _placement_hint(exc: BaseException, replicas: int) -> str:
+    if not _no_suitable_peers(exc):
+        return ""
+    return (
+        f" (JetStream could not place {replicas} replicas: is a server down, or does the "
+        f"cluster have fewer than {replicas} JetStream servers?)"
     )
 
 

@@ -63,7 +63,7 @@ def _nats_server_or_skip() -> None:
 
 
 @pytest.fixture(scope="session")
-def jetstream_cluster(
+def session_jetstream_cluster(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[local_cluster.JetStreamCluster]:
     """Three JetStream servers (R3-capable, `sync_interval: always`) for the session."""
@@ -73,6 +73,18 @@ def jetstream_cluster(
         yield cluster
     finally:
         local_cluster.stop_cluster(cluster)
+
+
+@pytest.fixture
+def jetstream_cluster(
+    session_jetstream_cluster: local_cluster.JetStreamCluster,
+) -> local_cluster.JetStreamCluster:
+    """The session's cluster once it is whole again: every server running, current
+    and online in the meta leader's view. A test before may have killed, paused or
+    restarted a server, and on a busy machine the meta leader can see a server
+    offline for a moment; a stream created then fails "no suitable peers"."""
+    session_jetstream_cluster.wait_meta_leader()
+    return session_jetstream_cluster
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api
+from nats.js.manager import JetStreamManager
 
 from sepp.cluster import jetstream
 from sepp.cluster.replog import (
@@ -71,19 +72,24 @@ async def _resources(
 
 # How long a test's own JetStream admin call is tried again: on a busy machine a
 # request can time out (the client's 1 s pings declare a stalled connection dead
-# and reconnect) or meet a 503 while the cluster settles.
+# and reconnect), meet a 503 while the cluster settles, or find no suitable peers
+# while the meta leader sees a server offline for a moment.
 ADMIN_CALL_DEADLINE_S = 30.0
 
 
 async def _admin(call: Callable[[], Awaitable[T]]) -> T:
-    """`call()` (an idempotent JetStream admin request), tried again on a timeout
-    or an unavailable answer until ADMIN_CALL_DEADLINE_S."""
+    """`call()` (an idempotent JetStream admin request), tried again on a timeout,
+    an unavailable answer or "no suitable peers" until ADMIN_CALL_DEADLINE_S."""
     deadline = time.monotonic() + ADMIN_CALL_DEADLINE_S
     while True:
         try:
             return await call()
-        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
-            if time.monotonic() > deadline:
+        except (nats.errors.TimeoutError, nats.js.errors.APIError) as exc:
+            transient = not isinstance(exc, nats.js.errors.APIError) or (
+                isinstance(exc, nats.js.errors.ServiceUnavailableError)
+                or exc.err_code == jetstream.ERR_NO_SUITABLE_PEERS
+            )
+            if not transient or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
 
@@ -96,7 +102,9 @@ async def test_setup_creates_an_r3_file_stream_that_never_drops_and_is_idempoten
         first = await jetstream.ensure_cluster_resources(
             nc, names, monitor_urls=jetstream_cluster.monitor_urls()
         )
-        await first.log.append_if(0, b"kept")
+        # Appended as a leader does: on a busy machine the new stream's leader
+        # may still be settling (no responders), an unknown outcome to read back.
+        assert await _append_until_acknowledged(first.log, 0, b"kept", FAILOVER_DEADLINE_S) == 1
         second = await jetstream.ensure_cluster_resources(
             nc, names, monitor_urls=jetstream_cluster.monitor_urls()
         )
@@ -167,6 +175,59 @@ async def test_an_existing_lease_bucket_with_other_settings_is_refused(
                 nc, names, monitor_urls=jetstream_cluster.monitor_urls()
             )
         assert f"lease bucket KV_{names.lease_bucket}" in str(refused.value)
+
+
+def _placement_refused_first(monkeypatch: pytest.MonkeyPatch, times: int | None) -> list[str]:
+    """JetStream answers the next `times` (None: every) stream creations "no
+    suitable peers for placement", as it does while its meta leader sees a server
+    offline (one down, or not yet reported after a start); then it creates them.
+    Returns the names of the streams refused so far."""
+    real = JetStreamManager.add_stream
+    refused: list[str] = []
+
+    async def add_stream(self: JetStreamManager, config: Any = None, **params: Any) -> Any:
+        if times is None or len(refused) < times:
+            refused.append(config.name if config is not None else params["name"])
+            raise nats.js.errors.BadRequestError(
+                code=400,
+                err_code=jetstream.ERR_NO_SUITABLE_PEERS,
+                description="no suitable peers for placement, peer offline",
+            )
+        return await real(self, config, **params)
+
+    monkeypatch.setattr(JetStreamManager, "add_stream", add_stream)
+    return refused
+
+
+async def test_setup_asks_again_while_jetstream_cannot_place_the_stream(
+    jetstream_cluster: JetStreamCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server down for a moment (restarting) is an outage to wait out, not a
+    # cluster to refuse.
+    refused = _placement_refused_first(monkeypatch, times=3)
+    names = _names()
+    async with _connected(jetstream_cluster) as nc:
+        res = await jetstream.ensure_cluster_resources(
+            nc, names, monitor_urls=jetstream_cluster.monitor_urls()
+        )
+        assert refused == [names.stream] * 3
+        assert await _append_until_acknowledged(res.log, 0, b"placed", FAILOVER_DEADLINE_S) == 1
+        info = await _admin(lambda: nc.jetstream().stream_info(names.stream))
+        assert info.config.num_replicas == 3
+
+
+async def test_setup_that_cannot_place_the_stream_until_its_deadline_is_unavailable(
+    jetstream_cluster: JetStreamCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused = _placement_refused_first(monkeypatch, times=None)
+    async with _connected(jetstream_cluster) as nc:
+        with pytest.raises(jetstream.BackendUnavailable, match="no suitable peers") as unavailable:
+            await jetstream.ensure_cluster_resources(
+                nc, _names(), monitor_urls=jetstream_cluster.monitor_urls(), setup_deadline_s=1.0
+            )
+    # Asked again every SETUP_RETRY_S until the deadline, then named what to check.
+    assert len(refused) >= 2
+    assert "could not place 3 replicas: is a server down" in str(unavailable.value)
 
 
 async def test_servers_without_sync_interval_always_are_refused(
