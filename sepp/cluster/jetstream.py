@@ -300,7 +300,8 @@ async def connect(
     options["error_cb"] = quiet.error
 
     async def disconnected() -> None:
-        if not connecting:  # (a refused first connect is closed: not "lost")
+        # Not "lost": a refused first connect being closed, or our own close.
+        if not connecting and not nc.is_closed:
             await quiet.disconnected()
 
     options["disconnected_cb"] = disconnected

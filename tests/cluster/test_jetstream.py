@@ -380,9 +380,10 @@ async def test_after_kill_9_of_the_stream_leader_a_fenced_append_succeeds_and_ta
 
 
 async def test_a_paused_server_is_noticed_and_appends_go_on_through_another(
-    jetstream_cluster: JetStreamCluster,
+    jetstream_cluster: JetStreamCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     names = _names()
+    caplog.set_level("WARNING", logger="sepp.cluster")
     async with _connected(jetstream_cluster) as nc:
         res = await jetstream.ensure_cluster_resources(
             nc, names, monitor_urls=jetstream_cluster.monitor_urls()
@@ -397,6 +398,7 @@ async def test_a_paused_server_is_noticed_and_appends_go_on_through_another(
             # paused server would stay "up" and every append would time out.
             seq = await _append_until_acknowledged(res.log, 1, b"after", FAILOVER_DEADLINE_S)
             assert seq == 2
+            assert "nats connection lost; reconnecting" in caplog.messages
         finally:
             jetstream_cluster.resume(paused)
             await asyncio.to_thread(jetstream_cluster.wait_meta_leader)
@@ -404,6 +406,18 @@ async def test_a_paused_server_is_noticed_and_appends_go_on_through_another(
             Entry(1, b"before"),
             Entry(2, b"after"),
         ]
+
+
+async def test_closing_a_connection_is_not_logged_as_a_lost_one(
+    jetstream_cluster: JetStreamCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # nats-py calls the disconnected callback on close() too: a node shutting
+    # down must not warn that it lost its connection and is reconnecting.
+    with caplog.at_level("INFO", logger="sepp.cluster"):
+        async with _connected(jetstream_cluster) as nc:
+            assert nc.is_connected
+    assert nc.is_closed
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 async def test_connection_errors_are_one_line_each_and_repeats_are_counted_not_logged(
