@@ -400,8 +400,9 @@ class JetStreamCluster:
         replicas = meta.get("replicas") or []
         if len(replicas) != len(self.servers) - 1:
             return None
-        # "offline": the meta leader would not place a replica on that server yet
-        # ("no suitable peers for placement") though it may already be current.
+        # "offline" (just started, or not yet reported to the meta leader): JetStream
+        # may refuse to place a replica on it ("no suitable peers for placement")
+        # though it is already current.
         if not all(r.get("current") and not r.get("offline") for r in replicas):
             return None
         return leader

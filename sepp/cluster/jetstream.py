@@ -848,7 +848,7 @@ async def ensure_cluster_resources(
         except ClusterSetupRefused:
             raise
         except (*_UNKNOWN_OUTCOME, nats.js.errors.Error) as exc:
-            if not _setup_may_succeed_later(exc) or loop.time() >= deadline:
+            if not may_succeed_later(exc) or loop.time() >= deadline:
                 raise _unavailable(_SETTING_UP + _placement_hint(exc, replicas), exc) from exc
             await asyncio.sleep(SETUP_RETRY_S)
     return ClusterResources(
@@ -865,9 +865,11 @@ def _no_suitable_peers(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.APIError) and exc.err_code == ERR_NO_SUITABLE_PEERS
 
 
-def _setup_may_succeed_later(exc: BaseException) -> bool:
-    """A cluster still electing (timeouts, no responders, 503) or with a server
-    offline for now (no suitable peers): asked again until the deadline."""
+def may_succeed_later(exc: BaseException) -> bool:
+    """Whether a JetStream admin request that raised `exc` may succeed if asked
+    again: a cluster still electing (timeouts, no responders, 503) or with a
+    server offline for now (no suitable peers). Setup asks again until its
+    deadline."""
     return isinstance(exc, _UNKNOWN_OUTCOME) or _no_suitable_peers(exc)
 
 

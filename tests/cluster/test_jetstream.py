@@ -78,18 +78,15 @@ ADMIN_CALL_DEADLINE_S = 30.0
 
 
 async def _admin(call: Callable[[], Awaitable[T]]) -> T:
-    """`call()` (an idempotent JetStream admin request), tried again on a timeout,
-    an unavailable answer or "no suitable peers" until ADMIN_CALL_DEADLINE_S."""
+    """`call()` (an idempotent JetStream admin request), tried again while
+    `jetstream.may_succeed_later` (a timeout, an unavailable answer, "no suitable
+    peers") until ADMIN_CALL_DEADLINE_S."""
     deadline = time.monotonic() + ADMIN_CALL_DEADLINE_S
     while True:
         try:
             return await call()
-        except (nats.errors.TimeoutError, nats.js.errors.APIError) as exc:
-            transient = not isinstance(exc, nats.js.errors.APIError) or (
-                isinstance(exc, nats.js.errors.ServiceUnavailableError)
-                or exc.err_code == jetstream.ERR_NO_SUITABLE_PEERS
-            )
-            if not transient or time.monotonic() > deadline:
+        except Exception as exc:
+            if not jetstream.may_succeed_later(exc) or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
 
