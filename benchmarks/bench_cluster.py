@@ -3,6 +3,7 @@
     python -m benchmarks.bench_cluster [--rounds 3] [--jobs 20000] [--pin]
         [--appends-in-flight N [N ...]]   # e.g. 1 4: two clusters, rounds interleaved
         [--clients]                       # also as users run it: SeppClient and Worker
+        [--bound K [K ...]]               # also the least a leader can do (bound_leader.py)
 
 Starts a local three-server JetStream cluster (tools/cluster.py: R3, file
 storage, `sync_interval: always`) and three `sepp serve --cluster` nodes on it
@@ -61,6 +62,15 @@ With several `--appends-in-flight` values, one cluster (JetStream servers, nodes
 any probe) runs per value, all started first; each round runs the single node, then each
 cluster in turn (the others idle meanwhile).
 
+`--bound K [K ...]` adds, per value and round, the bound leader
+(`benchmarks/bound_leader.py`): a process on the first cluster's JetStream
+servers that appends each request's frame, as it came, to a stream of its own
+(fenced, whatever is buffered as one message, K appends in flight) and answers
+once the append is acknowledged, with no state machine and nothing tailing the
+stream. It is what a leader whose own work cost nothing would reach on this
+machine at this load: the real leader's rate cannot exceed it. The sepp nodes
+sit idle meanwhile.
+
 Pinning: off by default for both (the cluster's seven processes cannot share one
 core fairly with each other); `--pin` pins the single node and the cluster's
 processes to the server core and the load generator to the driver core, as bench_e2e
@@ -98,6 +108,7 @@ from benchmarks.common import (
     print_table,
     server_core,
     taskset,
+    terminate,
 )
 from sepp.protocol.framing import LENGTH_PREFIX
 from tools import cluster as local_cluster
@@ -249,17 +260,42 @@ class Cluster:
         return lags
 
     def stop(self) -> None:
-        if self.probe is not None and self.probe.poll() is None:
-            self.probe.send_signal(signal.SIGTERM)
-            try:
-                self.probe.wait(10)
-            except subprocess.TimeoutExpired:
-                self.probe.kill()
-                self.probe.wait()
+        if self.probe is not None:
+            terminate(self.probe)
         for node in reversed(self.nodes):
             node.stop()
         local_cluster.stop_cluster(self.js)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class BoundLeader:
+    """`benchmarks/bound_leader.py` on a cluster's JetStream servers, a stream of
+    its own (`--bound`): the rate a leader whose own work cost nothing could reach."""
+
+    def __init__(self, cluster: Cluster, in_flight: int) -> None:
+        self.in_flight = in_flight
+        self.proc = subprocess.Popen(
+            [*taskset(cluster.core), sys.executable, "-m", "benchmarks.bound_leader",
+             "--nats", ",".join(cluster.js.urls()),
+             "--monitor", ",".join(cluster.js.monitor_urls()),
+             "--stream", f"bound{in_flight}", "--appends-in-flight", str(in_flight)],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"bound leader did not start: {line!r}")
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def run(self, connections: int, jobs: int, pin: bool, queue: str) -> dict[str, Any]:
+        return loadgen(
+            self.port, pin, connections=connections, jobs=jobs,
+            phases=["enqueue", "drain"], queue=queue, server_pid=self.proc.pid,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        terminate(self.proc)
 
 
 def _buckets(nodes: list[ServeProcess], metric: str) -> dict[float, float]:
@@ -461,6 +497,15 @@ def main() -> None:
         "enqueue calls) and worker (one Worker, no-op, max_in_flight 50) phases against the "
         "single node and the cluster (all three addresses given)",
     )
+    parser.add_argument(
+        "--bound",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="also drive, each round, the bound leader (benchmarks/bound_leader.py: no state "
+        "machine, each request's frame appended as it came, K appends in flight) on the "
+        "first cluster's JetStream servers: the most any leader could do there",
+    )
     parser.add_argument("--probe", metavar="URLS", help=argparse.SUPPRESS)
     parser.add_argument("--probe-out", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -498,6 +543,8 @@ def main() -> None:
     clustered: dict[int | None, list[dict[str, Any]]] = {v: [] for v in variants}
     single_clients: list[dict[str, Any]] = []
     cluster_clients: dict[int | None, list[dict[str, Any]]] = {v: [] for v in variants}
+    bounds: list[BoundLeader] = []
+    bounded: dict[int, list[dict[str, Any]]] = {k: [] for k in args.bound or []}
     try:
         for variant in variants:
             clusters[variant] = cluster = Cluster(
@@ -507,6 +554,8 @@ def main() -> None:
                 f"cluster {_label(variant)}: leader port {cluster.leader.port}, "
                 f"nats {','.join(cluster.js.urls())}"
             )
+        for k in args.bound or []:
+            bounds.append(BoundLeader(clusters[variants[0]], k))
         for n in range(args.rounds):
             runs: list[tuple[str, dict[str, Any]]] = []
             s = one_run("sync_data", args.connections, args.jobs, args.pin, latency=False)
@@ -518,6 +567,10 @@ def main() -> None:
                 )
                 clustered[variant].append(c)
                 runs.append((f"cluster {_label(variant)}", c))
+            for bound in bounds:
+                b = bound.run(args.connections, args.jobs, args.pin, f"bench{n}")
+                bounded[bound.in_flight].append(b)
+                runs.append((_bound_label(bound.in_flight), b))
             for label, r in runs:
                 lags, decided = r.get("lags"), r.get("decided_lags")
                 own = r.get("follower_lag")
@@ -534,6 +587,8 @@ def main() -> None:
             if args.clients:
                 run_clients(n, clusters, args, single_clients, cluster_clients)
     finally:
+        for bound in bounds:
+            bound.stop()
         for cluster in clusters.values():
             cluster.stop()
     print()
@@ -567,6 +622,12 @@ def main() -> None:
                 f"{med(results, phase) / med(single, phase):.0%}",
                 f"{_within(added, LAG_TARGET_S):.2%}",
                 _bucket_quantile(added, 0.5), _bucket_quantile(added, 0.99),
+            ))  # fmt: skip
+    for k, results in bounded.items():
+        for phase in ("enqueue", "drain"):
+            summary.append((
+                f"{phase}, {_bound_label(k)}", med(single, phase), med(results, phase),
+                f"{med(results, phase) / med(single, phase):.0%}", "", "", "",
             ))  # fmt: skip
     print()
     print_table(
@@ -624,6 +685,12 @@ def main() -> None:
             f"{appends.get(float('inf'), 0):,.0f} for {jobs:,} jobs enqueued and drained, "
             f"request -> acknowledgement ~p50 {_bucket_quantile(appends, 0.5):.1f} ms, "
             f"~p99 {_bucket_quantile(appends, 0.99):.1f} ms"
+        )
+    for k, results in bounded.items():
+        print(
+            f"{_bound_label(k)}, its CPU, median of rounds (share of one core): enqueue "
+            f"{median([r['enqueue']['server_cpu'] for r in results]):.0%}, drain "
+            f"{median([r['drain']['server_cpu'] for r in results]):.0%}"
         )
     if args.clients:
         print()
@@ -697,6 +764,10 @@ CLIENT_HEADERS = [
 
 def _label(appends_in_flight: int | None) -> str:
     return f"{appends_in_flight or 'default 4'} in flight"
+
+
+def _bound_label(appends_in_flight: int) -> str:
+    return f"bound leader, {appends_in_flight} in flight"
 
 
 if __name__ == "__main__":

@@ -265,6 +265,18 @@ def taskset(core: str | None) -> list[str]:
     return ["taskset", "-c", core]
 
 
+def terminate(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """SIGTERM a child of this process (by its PID) and reap it; SIGKILL once
+    `grace_s` has passed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class ServeProcess:
     """`sepp serve --listen 127.0.0.1:0` in a child process; its ports read from the lines
     it prints first (`sepp listening on`, `sepp admin on`, `sepp grpc on`). `prefix` is a
@@ -319,12 +331,6 @@ class ServeProcess:
                 raise RuntimeError("the server did not start")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, self.stop_timeout_s)
         if self.remove_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from benchmarks.common import driver_core, run_json, server_core
+from benchmarks.common import driver_core, run_json, server_core, terminate
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -175,13 +175,7 @@ class Broker:
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the broker leads its own process group
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            terminate(proc, 20)
             # A helper the broker forked (e.g. a Redis rewrite child) stays in its group.
             for pid in _group_members(pgid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
