@@ -3,7 +3,7 @@
     python -m benchmarks.bench_cluster [--rounds 3] [--jobs 20000] [--pin]
         [--appends-in-flight N [N ...]]   # e.g. 1 4: two clusters, rounds interleaved
         [--clients]                       # also as users run it: SeppClient and Worker
-        [--bound K [K ...]]               # also the least a leader can do (bound_leader.py)
+        [--bound K [K ...]] [--bound-colocated]  # the least a leader does (bound_leader.py)
 
 Starts a local three-server JetStream cluster (tools/cluster.py: R3, file
 storage, `sync_interval: always`) and three `sepp serve --cluster` nodes on it
@@ -69,7 +69,9 @@ servers that appends each request's frame, as it came, to a stream of its own
 once the append is acknowledged, with no state machine and nothing tailing the
 stream. It is what a leader whose own work cost nothing would reach on this
 machine at this load: the real leader's rate cannot exceed it. The sepp nodes
-sit idle meanwhile.
+sit idle meanwhile. `--bound-colocated` adds each K again with the bound leader
+connected to the server that leads its stream (a real leader connects to one of
+the three at random).
 
 Pinning: off by default for both (the cluster's seven processes cannot share one
 core fairly with each other); `--pin` pins the single node and the cluster's
@@ -272,13 +274,15 @@ class BoundLeader:
     """`benchmarks/bound_leader.py` on a cluster's JetStream servers, a stream of
     its own (`--bound`): the rate a leader whose own work cost nothing could reach."""
 
-    def __init__(self, cluster: Cluster, in_flight: int) -> None:
+    def __init__(self, cluster: Cluster, in_flight: int, colocate: bool) -> None:
         self.in_flight = in_flight
+        self.label = _bound_label(in_flight, colocate)
         self.proc = subprocess.Popen(
             [*taskset(cluster.core), sys.executable, "-m", "benchmarks.bound_leader",
              "--nats", ",".join(cluster.js.urls()),
              "--monitor", ",".join(cluster.js.monitor_urls()),
-             "--stream", f"bound{in_flight}", "--appends-in-flight", str(in_flight)],
+             "--stream", f"bound{in_flight}{'c' if colocate else ''}",
+             "--appends-in-flight", str(in_flight), *(["--colocate"] if colocate else [])],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -506,6 +510,12 @@ def main() -> None:
         "machine, each request's frame appended as it came, K appends in flight) on the "
         "first cluster's JetStream servers: the most any leader could do there",
     )
+    parser.add_argument(
+        "--bound-colocated",
+        action="store_true",
+        help="with --bound: also each K with the bound leader connected to the server that "
+        "leads its stream (bound_leader.py --colocate)",
+    )
     parser.add_argument("--probe", metavar="URLS", help=argparse.SUPPRESS)
     parser.add_argument("--probe-out", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -544,7 +554,7 @@ def main() -> None:
     single_clients: list[dict[str, Any]] = []
     cluster_clients: dict[int | None, list[dict[str, Any]]] = {v: [] for v in variants}
     bounds: list[BoundLeader] = []
-    bounded: dict[int, list[dict[str, Any]]] = {k: [] for k in args.bound or []}
+    bounded: dict[str, list[dict[str, Any]]] = {}
     try:
         for variant in variants:
             clusters[variant] = cluster = Cluster(
@@ -555,7 +565,9 @@ def main() -> None:
                 f"nats {','.join(cluster.js.urls())}"
             )
         for k in args.bound or []:
-            bounds.append(BoundLeader(clusters[variants[0]], k))
+            for colocate in [False, True] if args.bound_colocated else [False]:
+                bounds.append(BoundLeader(clusters[variants[0]], k, colocate))
+                bounded[bounds[-1].label] = []
         for n in range(args.rounds):
             runs: list[tuple[str, dict[str, Any]]] = []
             s = one_run("sync_data", args.connections, args.jobs, args.pin, latency=False)
@@ -569,8 +581,8 @@ def main() -> None:
                 runs.append((f"cluster {_label(variant)}", c))
             for bound in bounds:
                 b = bound.run(args.connections, args.jobs, args.pin, f"bench{n}")
-                bounded[bound.in_flight].append(b)
-                runs.append((_bound_label(bound.in_flight), b))
+                bounded[bound.label].append(b)
+                runs.append((bound.label, b))
             for label, r in runs:
                 lags, decided = r.get("lags"), r.get("decided_lags")
                 own = r.get("follower_lag")
@@ -623,10 +635,10 @@ def main() -> None:
                 f"{_within(added, LAG_TARGET_S):.2%}",
                 _bucket_quantile(added, 0.5), _bucket_quantile(added, 0.99),
             ))  # fmt: skip
-    for k, results in bounded.items():
+    for label, results in bounded.items():
         for phase in ("enqueue", "drain"):
             summary.append((
-                f"{phase}, {_bound_label(k)}", med(single, phase), med(results, phase),
+                f"{phase}, {label}", med(single, phase), med(results, phase),
                 f"{med(results, phase) / med(single, phase):.0%}", "", "", "",
             ))  # fmt: skip
     print()
@@ -686,9 +698,9 @@ def main() -> None:
             f"request -> acknowledgement ~p50 {_bucket_quantile(appends, 0.5):.1f} ms, "
             f"~p99 {_bucket_quantile(appends, 0.99):.1f} ms"
         )
-    for k, results in bounded.items():
+    for label, results in bounded.items():
         print(
-            f"{_bound_label(k)}, its CPU, median of rounds (share of one core): enqueue "
+            f"{label}, its CPU, median of rounds (share of one core): enqueue "
             f"{median([r['enqueue']['server_cpu'] for r in results]):.0%}, drain "
             f"{median([r['drain']['server_cpu'] for r in results]):.0%}"
         )
@@ -766,8 +778,9 @@ def _label(appends_in_flight: int | None) -> str:
     return f"{appends_in_flight or 'default 4'} in flight"
 
 
-def _bound_label(appends_in_flight: int) -> str:
-    return f"bound leader, {appends_in_flight} in flight"
+def _bound_label(appends_in_flight: int, colocate: bool) -> str:
+    where = ", on the stream leader's server" if colocate else ""
+    return f"bound leader, {appends_in_flight} in flight{where}"
 
 
 if __name__ == "__main__":

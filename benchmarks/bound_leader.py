@@ -1,7 +1,7 @@
 """The least a clustered leader can do, for `bench_cluster --bound` (issue 19).
 
     python -m benchmarks.bound_leader --nats URLS --monitor URLS --stream NAME
-        [--appends-in-flight K]
+        [--appends-in-flight K] [--colocate]
 
 A process that answers the load generator (`loadgen.py`) as a sepp leader would,
 but without a state machine, a job, a lease or a reply body worth the name:
@@ -12,6 +12,8 @@ the previous sequence, up to K appends outstanding; a request is answered once
 the append holding it is acknowledged, in log order. `enqueue` is answered with
 job ids, `reserve` hands out those ids one at a time, everything else gets an
 empty `ok`. Nothing tails the stream (a sepp cluster's two followers do).
+`--colocate` connects it to the server that leads the stream, as a leader that
+sought it out would be (no route hop for its appends and their answers).
 
 What it measures: the rate a leader could reach at that load if its own work
 cost nothing. A real leader does everything this does (read, buffer, append,
@@ -30,9 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import msgpack
@@ -135,11 +139,28 @@ async def _first_append(log: jetstream.JetStreamLog) -> int:
             await asyncio.sleep(0.2)
 
 
+def _stream_leader_url(monitor_urls: list[str], leader: str) -> str:
+    """The client URL of the server named `leader`, from the servers' /varz."""
+    for url in monitor_urls:
+        with urllib.request.urlopen(f"{url}/varz", timeout=10) as answer:
+            varz = json.load(answer)
+        if varz.get("server_name") == leader:
+            return f"nats://127.0.0.1:{varz['port']}"
+    raise RuntimeError(f"no server named {leader!r} among {monitor_urls}")
+
+
 async def serve(args: argparse.Namespace) -> None:
+    names = jetstream.ClusterNames(stream=args.stream)
+    monitor_urls = args.monitor.split(",")
     nc = await jetstream.connect(args.nats.split(","))
-    resources = await jetstream.ensure_cluster_resources(
-        nc, jetstream.ClusterNames(stream=args.stream), monitor_urls=args.monitor.split(",")
-    )
+    resources = await jetstream.ensure_cluster_resources(nc, names, monitor_urls=monitor_urls)
+    if args.colocate:
+        # Publish where the stream's leader is: no route hop each way per append.
+        info = await nc.jetstream().stream_info(names.stream)
+        assert info.cluster is not None and info.cluster.leader is not None
+        url = await asyncio.to_thread(_stream_leader_url, monitor_urls, info.cluster.leader)
+        nc = await jetstream.connect([url])
+        resources = await jetstream.ensure_cluster_resources(nc, names, monitor_urls=monitor_urls)
     leader = BoundLeader(resources.log, args.appends_in_flight, await _first_append(resources.log))
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Connection(leader), "127.0.0.1", 0)
@@ -158,6 +179,11 @@ def main() -> None:
     parser.add_argument("--monitor", required=True, help="their monitoring URLs, comma-separated")
     parser.add_argument("--stream", required=True, help="a stream of its own")
     parser.add_argument("--appends-in-flight", type=int, default=1)
+    parser.add_argument(
+        "--colocate",
+        action="store_true",
+        help="connect to the server that leads the stream (found once, at the start)",
+    )
     args = parser.parse_args()
     run_on(resolve_event_loop("auto"), lambda: serve(args))
 

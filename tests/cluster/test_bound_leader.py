@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import loadgen
 from sepp.cluster import jetstream
 from tests.cluster.conftest import unique_name
@@ -17,15 +19,16 @@ from tools.cluster import JetStreamCluster
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.parametrize("options", [[], ["--colocate"]], ids=["any server", "colocated"])
 async def test_the_bound_leader_answers_a_request_once_its_frame_is_in_the_stream(
-    jetstream_cluster: JetStreamCluster,
+    jetstream_cluster: JetStreamCluster, options: list[str]
 ) -> None:
     stream = unique_name("bound")
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.bound_leader",
          "--nats", ",".join(jetstream_cluster.urls()),
          "--monitor", ",".join(jetstream_cluster.monitor_urls()),
-         "--stream", stream, "--appends-in-flight", "4"],
+         "--stream", stream, "--appends-in-flight", "4", *options],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     nc = await jetstream.connect(jetstream_cluster.urls())
