@@ -181,7 +181,9 @@ class Cluster:
         try:
             if self.core is not None:
                 for server in self.js.servers:
-                    subprocess.run(["taskset", "-pc", self.core, str(server.pid)], check=True,
+                    # -a: every thread; the Go runtime has started several by now,
+                    # and -p alone moves only the main one.
+                    subprocess.run(["taskset", "-apc", self.core, str(server.pid)], check=True,
                                    capture_output=True)  # fmt: skip
             env = dict(os.environ)
             env.update(
